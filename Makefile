@@ -1,0 +1,31 @@
+# Two commands on a fresh clone:  `make run` (set up, then simulate the built-in default)  and  `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# The main job: llama-3-8b on one H100 SXM, chunked prefill, 1000 requests at 8 req/s.
+run: setup
+	$(BIN)/ferry run --model llama-3-8b --hardware h100-sxm --policy chunked --max-num-seqs 256 \
+	  --max-num-batched-tokens 2048 --request-rate 8 --num-prompts 1000 --input-len 1024 --output-len 256 \
+	  --out results/
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy sim policies costmodel experiments
+
+test: setup lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache .hypothesis
