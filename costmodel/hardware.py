@@ -1,0 +1,268 @@
+"""Hardware profiles: one YAML (or JSON) file per device with every number's source, validated by a pydantic schema.
+
+A profile holds the device's datasheet rates (dense TFLOP/s per format, memory capacity and bandwidth, the interconnect
+tensor parallelism uses) and the parameters the cost model turns into *effective* rates:
+
+- ``efficiency.<class>.compute`` and ``.memory``, for each operator class (``gemm``, ``attention_prefill``,
+  ``attention_decode``, ``elementwise``): a saturating curve ``eff(n) = max * n / (n + half_size)`` in the kernel's
+  size ``n`` (FLOPs for compute, bytes for memory). A kernel of ``f`` FLOPs then takes
+  ``f / (peak * eff(f)) = (f + half_size) / (peak * max)``: ``max`` is the sustained share of the peak on large
+  kernels, and ``half_size / (peak * max)`` is the fixed cost (launch, tail, ramp) a small kernel pays;
+- ``efficiency.communication``: the all-reduce's share of link bandwidth (same curve, in message bytes) and its
+  fixed latency per call;
+- ``overheads``: host time per iteration, per sequence in it, and per layer (scheduling, input preparation,
+  sampling, launches).
+
+These are what the calibration harness fits from measured kernel times. A profile says ``kind: datasheet`` (rates from
+the vendor, efficiencies stated as assumptions) or ``kind: calibrated`` (with the device, software versions, date and
+raw measurement file in ``provenance``). Built-ins live in ``hwprofiles/``; ``load_hardware`` also reads a path, and
+directories listed in ``$FERRY_HWPROFILES`` (``:``-separated) are searched before the built-ins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+import hwprofiles
+from costmodel.dtypes import PEAK_KEY
+
+PROFILES_DIR = Path(hwprofiles.__file__).parent
+_SUFFIXES = (".yaml", ".yml", ".json")
+ASSUMPTION = "assumption"  # the ``source`` of a number nobody measured yet
+MEASURED = "measured"  # the ``source`` of a number a calibration fitted (see provenance.measurements)
+
+OP_CLASSES = ("gemm", "attention_prefill", "attention_decode", "elementwise")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Quantity(_Strict):
+    """One number and where it comes from."""
+
+    value: float = Field(ge=0)
+    # a key of ``provenance.sources``, or "assumption", or "measured"
+    source: str
+    note: str = ""
+
+
+class Curve(_Strict):
+    """Efficiency as a saturating function of a kernel's size n: ``max * n / (n + half_size)``."""
+
+    max: float = Field(gt=0, le=1, description="share of the peak reached by large kernels")
+    half_size: float = Field(ge=0, description="size (FLOPs or bytes) at which half of max is reached")
+    source: str
+    note: str = ""
+
+    def at(self, n: float) -> float:
+        """The efficiency of a kernel of size ``n`` (0 for an empty kernel)."""
+        return self.max * n / (n + self.half_size) if n > 0 else 0.0
+
+
+class ClassEfficiency(_Strict):
+    """How close one operator class gets to the peaks."""
+
+    compute: Curve  # in the kernel's FLOPs, against the peak FLOP/s of the format it computes in
+    memory: Curve  # in the kernel's bytes moved, against the memory bandwidth
+
+
+class CommEfficiency(_Strict):
+    """Ring all-reduce: ``latency_s + 2 (n-1)/n * bytes / (link bandwidth * bandwidth.at(bytes))``."""
+
+    bandwidth: Curve  # in message bytes, against interconnect.bandwidth_gbps
+    latency_s: Quantity  # fixed cost of one all-reduce call (seconds)
+
+
+class Efficiency(_Strict):
+    gemm: ClassEfficiency  # linear layers and the LM head (tensor cores)
+    attention_prefill: ClassEfficiency  # FlashAttention over prompt chunks
+    attention_decode: ClassEfficiency  # paged attention, one query per sequence
+    elementwise: ClassEfficiency  # norms, RoPE, activation, embedding gather (CUDA cores; memory-bound)
+    communication: CommEfficiency
+
+    def of(self, op_class: str) -> ClassEfficiency:
+        return getattr(self, op_class)
+
+
+class Overheads(_Strict):
+    """Host time the GPU waits for (seconds): what makes a small iteration cost more than its kernels."""
+
+    per_iteration_s: Quantity  # scheduling, preparing inputs, launching, sampler setup
+    per_sequence_s: Quantity  # per sequence in the iteration (prefill chunk or decode): metadata, sampling, output
+    per_layer_s: Quantity  # per transformer layer (kernel launches not hidden by CUDA graphs)
+
+
+class Interconnect(_Strict):
+    name: str  # e.g. "NVLink 4 (NVSwitch)"
+    bandwidth_gbps: Quantity  # per GPU, per direction (GB/s, 1e9 B/s): what a ring all-reduce streams at
+
+
+class Provenance(_Strict):
+    """Where the profile's numbers come from."""
+
+    # key -> document title and URL; the keys are what ``Quantity.source`` names
+    sources: dict[str, str] = Field(default_factory=dict)
+    notes: str = ""
+    # calibrated profiles only: what was measured, on what, when, and the raw data
+    device: str | None = None  # e.g. "NVIDIA H100 80GB HBM3 (SXM5), driver 550.54"
+    software: dict[str, str] | None = None  # e.g. {"torch": "2.4.0", "vllm": "0.6.3", "cuda": "12.4"}
+    date: str | None = None  # ISO date of the measurement
+    measurements: str | None = None  # path or URL of the raw measurement file the fit used
+
+
+class HardwareProfile(_Strict):
+    """One device: datasheet rates, the efficiencies that turn them into effective rates, and host overheads."""
+
+    name: str
+    description: str = ""
+    kind: Literal["datasheet", "calibrated"]
+    provenance: Provenance
+    memory_capacity_gib: Quantity  # device memory (GiB, 2**30 B)
+    memory_bandwidth_gbps: Quantity  # device memory bandwidth (GB/s, 1e9 B/s)
+    # dense (no sparsity) peak per format (TFLOP/s, or TOP/s for int8): keys fp32 (non-tensor), tf32, bf16, fp16, fp8,
+    # int8; a format the device lacks is left out
+    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8"], Quantity]
+    interconnect: Interconnect
+    efficiency: Efficiency
+    overheads: Overheads
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareProfile:
+        missing = [k for k in ("fp32", "bf16", "fp16") if k not in self.peak_tflops]
+        if missing:
+            raise ValueError(f"peak_tflops needs fp32, bf16 and fp16 (missing: {', '.join(missing)})")
+        allowed = set(self.provenance.sources) | {ASSUMPTION, MEASURED}
+        for where, source in _sources(self.model_dump()):
+            if source not in allowed:
+                raise ValueError(
+                    f"{where}.source={source!r} is neither a key of provenance.sources "
+                    f"({', '.join(sorted(self.provenance.sources)) or 'none'}) nor {ASSUMPTION!r}/{MEASURED!r}"
+                )
+        datasheet = [
+            ("memory_capacity_gib", self.memory_capacity_gib),
+            ("memory_bandwidth_gbps", self.memory_bandwidth_gbps),
+        ]
+        datasheet += [(f"peak_tflops.{k}", q) for k, q in self.peak_tflops.items()]
+        datasheet += [("interconnect.bandwidth_gbps", self.interconnect.bandwidth_gbps)]
+        for where, q in datasheet:
+            if q.source == ASSUMPTION:
+                raise ValueError(f"{where} is a device rate: its source must name a document, not {ASSUMPTION!r}")
+            if q.value <= 0:
+                raise ValueError(f"{where}.value must be > 0, got {q.value}")
+        if self.kind == "calibrated":
+            p = self.provenance
+            absent = [k for k in ("device", "software", "date", "measurements") if not getattr(p, k)]
+            if absent:
+                raise ValueError(f"a calibrated profile needs provenance.{', provenance.'.join(absent)}")
+        return self
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # the rates the cost model uses (SI units)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory (bytes)."""
+        return int(self.memory_capacity_gib.value * 2**30)
+
+    @property
+    def bandwidth(self) -> float:
+        """Peak memory bandwidth (B/s)."""
+        return self.memory_bandwidth_gbps.value * 1e9
+
+    @property
+    def link_bandwidth(self) -> float:
+        """Interconnect bandwidth per GPU per direction (B/s)."""
+        return self.interconnect.bandwidth_gbps.value * 1e9
+
+    def peaks(self) -> dict[str, float]:
+        """Dense peak per format (FLOP/s), keyed as in ``peak_tflops``."""
+        return {k: q.value * 1e12 for k, q in self.peak_tflops.items()}
+
+    def peak_flops(self, dtype: str = "bfloat16") -> float:
+        """Dense peak FLOP/s of a canonical format (``costmodel.dtypes``); ValueError if the device lacks it."""
+        key = PEAK_KEY.get(dtype, dtype)
+        if key not in self.peak_tflops:
+            raise ValueError(f"hardware {self.name!r} has no {dtype} rate (it lists {', '.join(self.peak_tflops)})")
+        return self.peak_tflops[key].value * 1e12
+
+    def ridge_point(self, dtype: str = "bfloat16") -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns: peak FLOP/s / peak B/s."""
+        return self.peak_flops(dtype) / self.bandwidth
+
+
+def _sources(data: Any, where: str = "") -> list[tuple[str, str]]:
+    """Every (dotted location, source) in a dumped profile."""
+    found: list[tuple[str, str]] = []
+    if isinstance(data, dict):
+        if "source" in data and isinstance(data["source"], str):
+            found.append((where, data["source"]))
+        for key, value in data.items():
+            if key != "provenance":
+                found += _sources(value, f"{where}.{key}" if where else str(key))
+    return found
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# loading
+
+
+def _search_dirs() -> list[Path]:
+    extra = [Path(p).expanduser() for p in os.environ.get("FERRY_HWPROFILES", "").split(os.pathsep) if p]
+    return [*extra, PROFILES_DIR]
+
+
+def builtin_hardware() -> list[str]:
+    """Names of the profiles ``load_hardware`` finds by name."""
+    names = {p.stem for d in _search_dirs() if d.is_dir() for p in d.iterdir() if p.suffix in _SUFFIXES}
+    return sorted(names)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of profile fields, got {type(data).__name__}")
+    return data
+
+
+def parse_hardware(data: dict[str, Any], origin: str = "profile") -> HardwareProfile:
+    """Validate a profile's fields; ValueError listing every bad field with its location and value."""
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "profile"
+            msg = err["msg"].removeprefix("Value error, ")
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            problems.append(f"{loc}: {msg}{shown}")
+        raise ValueError(f"{origin}: invalid hardware profile: " + "; ".join(problems)) from None
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A profile by built-in name (``h100-sxm``; case-insensitive) or by the path of a YAML/JSON file."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        key = name_or_path.strip().lower()
+        candidates = [p for d in _search_dirs() if d.is_dir() for p in sorted(d.iterdir()) if p.suffix in _SUFFIXES]
+        match = next((p for p in candidates if p.stem.lower() == key), None)
+        if match is None:
+            if path.suffix in _SUFFIXES:
+                raise ValueError(f"hardware profile file {name_or_path!r} does not exist")
+            raise ValueError(
+                f"unknown hardware {name_or_path!r}; known: {', '.join(builtin_hardware())} "
+                "(or pass the path of a profile YAML/JSON file)"
+            )
+        path = match
+    return parse_hardware(_read(path), str(path))

@@ -1,0 +1,95 @@
+"""KV-cache capacity of one GPU of a replica, as vLLM computes it.
+
+    usable      = device memory x gpu_memory_utilization
+    KV cache    = usable - weights on this GPU (1/tp of them) - activation reserve
+    blocks      = floor(KV cache / (block_size x KV bytes per token on this GPU))
+
+vLLM measures the activation reserve with a profiling forward pass; ferry estimates it (``CostModel.memory_plan``).
+Every GPU of a tensor-parallel replica holds 1/tp of each token's KV, so the replica's token capacity is one GPU's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """How one GPU's memory divides between weights, activations and the KV cache."""
+
+    model: str
+    hardware: str
+    tp: int  # GPUs the replica is split over
+    gpu_memory_bytes: int  # device memory (B)
+    gpu_memory_utilization: float  # share of it the engine may use
+    usable_bytes: int  # gpu_memory_bytes x gpu_memory_utilization (B)
+    weight_bytes_per_gpu: int  # this GPU's share of the weights (B)
+    activation_reserve_bytes: int  # peak activations of a forward pass + runtime reserve (B)
+    kv_bytes_per_token: int  # KV cache of one token on this GPU (B)
+    kv_cache_bytes: int  # what is left for the KV cache (B)
+    block_size: int  # tokens per KV block
+    num_gpu_blocks: int  # KV blocks that fit
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the KV cache holds, all sequences together."""
+        return self.num_gpu_blocks * self.block_size
+
+    def describe(self) -> str:
+        """A few lines for ``ferry run``'s report."""
+        return (
+            f"memory per GPU ({self.hardware}, tp={self.tp}): {self.gpu_memory_bytes / GiB:.1f} GiB x "
+            f"{self.gpu_memory_utilization:g} = {self.usable_bytes / GiB:.2f} GiB usable; "
+            f"weights {self.weight_bytes_per_gpu / GiB:.2f} GiB, activation reserve "
+            f"{self.activation_reserve_bytes / GiB:.2f} GiB, KV cache {self.kv_cache_bytes / GiB:.2f} GiB\n"
+            f"KV cache: {self.num_gpu_blocks:,} blocks of {self.block_size} tokens = {self.max_tokens:,} tokens "
+            f"({self.kv_bytes_per_token / 1024:g} KiB per token per GPU)"
+        )
+
+
+def plan_memory(
+    *,
+    model: str,
+    hardware: str,
+    tp: int,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weight_bytes_per_gpu: int,
+    activation_reserve_bytes: int,
+    kv_bytes_per_token: int,
+    block_size: int,
+) -> MemoryPlan:
+    """Divide one GPU's memory; ValueError naming the sizes when the model leaves no room for a single KV block."""
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    usable = int(gpu_memory_bytes * gpu_memory_utilization)
+    kv_cache = usable - weight_bytes_per_gpu - activation_reserve_bytes
+    block_bytes = block_size * kv_bytes_per_token
+    blocks = kv_cache // block_bytes if kv_cache > 0 else 0
+    if blocks < 1:
+        verdict = "do not fit" if weight_bytes_per_gpu > usable else "leave no room for the KV cache"
+        raise ValueError(
+            f"{model} does not fit on {hardware} at tp={tp}: its weights need {weight_bytes_per_gpu / GiB:.1f} GiB "
+            f"per GPU and the activation reserve {activation_reserve_bytes / GiB:.1f} GiB, but "
+            f"{gpu_memory_bytes / GiB:.1f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
+            f"{usable / GiB:.1f} GiB is usable, so they {verdict}; use more GPUs (tensor parallelism), quantized "
+            "weights or a larger device"
+        )
+    return MemoryPlan(
+        model=model,
+        hardware=hardware,
+        tp=tp,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        usable_bytes=usable,
+        weight_bytes_per_gpu=weight_bytes_per_gpu,
+        activation_reserve_bytes=activation_reserve_bytes,
+        kv_bytes_per_token=kv_bytes_per_token,
+        kv_cache_bytes=kv_cache,
+        block_size=block_size,
+        num_gpu_blocks=int(blocks),
+    )

@@ -1,0 +1,163 @@
+"""`ferry iteration`: explain the predicted time of one iteration, operator by operator.
+
+    ferry iteration --model llama-3-8b --hardware h100-sxm --prefill 512@0 --decode 32@1024 [--json]
+
+``--prefill N@C`` is one prefill chunk of N new tokens on top of C tokens already cached (repeat it, one per
+sequence); ``--decode B@C`` is B sequences each decoding one token at context C (repeatable). ``--json`` prints one
+object ``{"time_s", "ops": [{"name", "time_s", "flops", "bytes", "bound"}], ...}``, a stable contract: an op's
+``time_s`` covers all layers, the linear layers are ``qkv_proj``, ``o_proj`` and ``mlp`` (gate, up, activation and
+down together); extra keys may be added, none renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+from costmodel import CostModel, IterationBreakdown, IterationShape, load_hardware, load_model
+
+_PAIR = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
+
+
+def parse_pair(text: str, flag: str, first: str) -> tuple[int, int]:
+    """``N@C`` -> (N, C) with N >= 1 and C >= 0; ValueError saying what was expected."""
+    match = _PAIR.match(text)
+    if match is None:
+        raise ValueError(f"{flag} {text!r}: expected {first}@CONTEXT with whole numbers, e.g. {flag} 512@0")
+    n, c = int(match.group(1)), int(match.group(2))
+    if n < 1:
+        raise ValueError(f"{flag} {text!r}: {first} must be at least 1")
+    return n, c
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose a cost model (shared with `ferry roofline`); vLLM's names and meanings."""
+    parser.add_argument("--model", required=True, help="built-in model name (e.g. llama-3-8b) or path to a config.json")
+    parser.add_argument(
+        "--hardware", required=True, help="hardware profile name (e.g. h100-sxm) or path to a YAML file"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="activations: auto (the config's torch_dtype), bf16, fp16, fp32"
+    )
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache: auto (= --dtype) or fp8")
+    parser.add_argument("--quantization", default=None, help="weights: fp8, int8 or int4 (awq/gptq); default none")
+    parser.add_argument(
+        "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel GPUs (default 1)"
+    )
+
+
+def cost_model_from_args(args: argparse.Namespace) -> CostModel:
+    return CostModel(
+        load_model(args.model),
+        load_hardware(args.hardware),
+        tp=args.tp,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "iteration",
+        help="explain one iteration's predicted time, operator by operator",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="N@C",
+        help="a prefill chunk of N new tokens on C cached tokens (repeatable, one per sequence)",
+    )
+    parser.add_argument(
+        "--decode", action="append", default=[], metavar="B@C", help="B sequences decoding at context C (repeatable)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.set_defaults(func=handle)
+
+
+def build_shape(prefill: list[str], decode: list[str], max_len: int, model: str) -> IterationShape:
+    chunks = [parse_pair(p, "--prefill", "NEW_TOKENS") for p in prefill]
+    groups = [parse_pair(d, "--decode", "SEQUENCES") for d in decode]
+    if not chunks and not groups:
+        raise ValueError("give at least one --prefill N@C or --decode B@C")
+    for flag, n, c in [("--prefill", n, c) for n, c in chunks] + [("--decode", 1, c) for _, c in groups]:
+        if c + n > max_len:
+            raise ValueError(f"{flag}: context {c} + {n} new exceeds {model}'s max_position_embeddings={max_len}")
+    return IterationShape.of(prefill=chunks, decode=groups)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cm = cost_model_from_args(args)
+    shape = build_shape(args.prefill, args.decode, cm.model.max_position_embeddings, cm.model.name)
+    breakdown = cm.explain(shape)
+    if args.json:
+        print(json.dumps(to_json(cm, shape, breakdown, args)))
+    else:
+        print(render(cm, shape, breakdown, args))
+    return 0
+
+
+def memory_note(cm: CostModel) -> tuple[dict[str, Any], str]:
+    """Whether the model fits (default gpu_memory_utilization 0.9, blocks of 16): a JSON object and a line of text."""
+    try:
+        plan = cm.memory_plan()
+    except ValueError as exc:
+        return {"fits": False, "error": str(exc)}, f"memory: DOES NOT FIT: {exc}"
+    text = f"memory: fits; KV cache {plan.max_tokens:,} tokens per replica at gpu_memory_utilization 0.9"
+    return {"fits": True, "kv_cache_tokens": plan.max_tokens, "num_gpu_blocks": plan.num_gpu_blocks}, text
+
+
+def to_json(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: argparse.Namespace) -> dict[str, Any]:
+    out = b.to_dict()
+    out.update(
+        model=cm.model.name,
+        hardware=cm.hardware.name,
+        hardware_kind=cm.hardware.kind,
+        tp=cm.tp,
+        dtypes={"activation": cm.dtypes.activation, "weight": cm.dtypes.weight, "kv_cache": cm.dtypes.kv_cache},
+        prefill=list(args.prefill),
+        decode=list(args.decode),
+        memory=memory_note(cm)[0],
+    )
+    return out
+
+
+def render(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: argparse.Namespace) -> str:
+    parts = []
+    if args.prefill:
+        parts.append(f"{len(args.prefill)} prefill chunk(s), {shape.num_prefill_tokens} new tokens")
+    if args.decode:
+        parts.append(f"{shape.num_decode_seqs} decode(s)")
+    lines = [
+        cm.describe() + ("" if cm.hardware.kind == "calibrated" else "  [datasheet profile: efficiencies assumed]"),
+        f"iteration: {'; '.join(parts)}; {b.num_tokens} tokens, {b.num_sampled} sampled",
+        f"predicted time: {b.time_s * 1e3:.3f} ms  (GPU operators {b.gpu_time_s * 1e3:.3f} ms, {b.bound}-bound; "
+        f"communication {b.communication_s * 1e3:.3f} ms; host overhead {b.overhead_s * 1e3:.3f} ms)",
+        f"ridge point: {cm.ridge_point:.0f} FLOP/byte ({cm.gemm_dtype} peak / memory bandwidth)",
+        memory_note(cm)[1],
+        "",
+        f"{'op':<18} {'GFLOP':>10} {'MB':>10} {'FLOP/B':>8} {'time ms':>9} {'share':>6}  bound",
+    ]
+    for op in b.ops:
+        intensity = op.flops / op.bytes if op.bytes else float("inf")
+        share = op.time_s / b.time_s if b.time_s else 0.0
+        lines.append(
+            f"{op.name:<18} {op.flops / 1e9:>10.2f} {op.bytes / 1e6:>10.1f} {intensity:>8.1f} "
+            f"{op.time_s * 1e3:>9.3f} {share:>6.1%}  {op.bound}"
+        )
+    if b.all_reduces:
+        lines.append(
+            f"{'all-reduce x' + str(b.all_reduces):<18} {'':>10} {b.communication_bytes / 1e6:>10.1f} {'':>8} "
+            f"{b.communication_s * 1e3:>9.3f} {b.communication_s / b.time_s:>6.1%}  interconnect"
+        )
+    lines.append(
+        f"{'host overhead':<18} {'':>10} {'':>10} {'':>8} {b.overhead_s * 1e3:>9.3f} "
+        f"{(b.overhead_s / b.time_s if b.time_s else 0.0):>6.1%}  host"
+    )
+    lines.append("(per GPU; op times cover all layers)")
+    return "\n".join(lines)
