@@ -1,0 +1,168 @@
+"""What a policy is, the registry of policies by name, and the batch-building steps that several policies share.
+
+A policy decides the next iteration from the scheduler state and nothing else: it never computes seconds and never
+touches SimPy. That is what lets the same policy object drive a simulated clock or a real model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from policies.config import SchedulerConfig
+from sim.request import Status
+from sim.state import Batch, SchedulerState, Wait
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A batching policy: one decision per iteration."""
+
+    name: ClassVar[str]
+
+    def schedule(self, state: SchedulerState) -> Batch | Wait:
+        """Choose the next iteration's batch (admitting, preempting or releasing requests through ``state``), or
+        say when to ask again."""
+        ...
+
+
+PolicyFactory = Callable[[SchedulerConfig], Policy]
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make a policy available by its ``name``."""
+    _REGISTRY[cls.name] = cls  # type: ignore[attr-defined]
+    return cls
+
+
+def names() -> list[str]:
+    """Names of the registered policies."""
+    return sorted(_REGISTRY)
+
+
+def get(config: SchedulerConfig) -> Policy:
+    """Build the policy ``config.policy`` names: a registered name, or ``package.module:Class`` for a user's own
+    policy (a class with ``from_config(SchedulerConfig)`` and ``schedule(state)``)."""
+    name = config.policy
+    cls: Any
+    if name in _REGISTRY:
+        cls = _REGISTRY[name]
+    elif ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
+    else:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
+    policy = cls.from_config(config)
+    if not isinstance(policy, Policy):
+        raise ValueError(f"policy {name!r} has no schedule(state) method")
+    return policy
+
+
+# ---- shared steps ---------------------------------------------------------------------------------------------------
+
+
+class BatchBuilder:
+    """Collects (request, tokens) pairs for one iteration and the token budget left."""
+
+    __slots__ = ("ids", "num_new", "budget", "scheduled", "preempted")
+
+    def __init__(self, budget: int) -> None:
+        self.ids: list[int] = []
+        self.num_new: list[int] = []
+        self.budget = budget  # tokens still allowed this iteration
+        self.scheduled: set[int] = set()  # requests already in the batch (never chosen as preemption victims)
+        self.preempted = False  # whether this step preempted anything
+
+    def add(self, req: int, tokens: int) -> None:
+        self.ids.append(req)
+        self.num_new.append(tokens)
+        self.scheduled.add(req)
+        self.budget -= tokens
+
+    def build(self, hold_finished: bool = False) -> Batch | None:
+        if not self.ids:
+            return None
+        return Batch(
+            req_ids=np.array(self.ids, dtype=np.int64),
+            num_new=np.array(self.num_new, dtype=np.int64),
+            hold_finished=hold_finished,
+        )
+
+
+def allocate_or_preempt(state: SchedulerState, req: int, tokens: int, batch: BatchBuilder) -> bool:
+    """Give running request ``req`` room for ``tokens`` tokens in all, preempting by recompute when the cache is full.
+
+    The victim is the most recently admitted running request not already in this batch (vLLM V1 preempts from the
+    end of its running list); when only ``req`` itself is left, ``req`` is preempted and ``False`` returned."""
+    while not state.kv.allocate(req, tokens):
+        victim = next((r for r in reversed(state.running) if r != req and r not in batch.scheduled), None)
+        state.preempt(req if victim is None else victim)
+        batch.preempted = True
+        if victim is None:
+            return False
+    return True
+
+
+def schedule_decodes(state: SchedulerState, batch: BatchBuilder) -> None:
+    """Give every running request that is decoding its one token, oldest admission first, within the budget."""
+    reqs = state.reqs
+    running = np.array(state.running, dtype=np.int64)
+    if not len(running):
+        return
+    decoding = running[~reqs.is_prefilling(running)][: max(batch.budget, 0)]
+    if not len(decoding):
+        return
+    if state.kv.allocate_all(decoding, reqs.computed[decoding] + 1):  # the common case: room for everyone
+        batch.ids.extend(decoding.tolist())
+        batch.num_new.extend([1] * len(decoding))
+        batch.scheduled.update(batch.ids[-len(decoding) :])
+        batch.budget -= len(decoding)
+        return
+    for req in decoding.tolist():
+        if reqs.status[req] != Status.RUNNING:  # preempted as a victim earlier in this loop
+            continue
+        if allocate_or_preempt(state, req, int(reqs.computed[req]) + 1, batch):
+            batch.add(req, 1)
+
+
+def schedule_partial_prefills(state: SchedulerState, batch: BatchBuilder, chunk_cap: int) -> None:
+    """Continue running requests whose prefill (or recompute) is unfinished, in chunks of at most ``chunk_cap``."""
+    reqs = state.reqs
+    for req in list(state.running):
+        if batch.budget <= 0:
+            return
+        if req in batch.scheduled or reqs.status[req] != Status.RUNNING or not reqs.is_prefilling(req):
+            continue
+        chunk = min(int(reqs.remaining(req)), batch.budget, chunk_cap)
+        if allocate_or_preempt(state, req, int(reqs.computed[req]) + chunk, batch):
+            batch.add(req, chunk)
+
+
+def admit_waiting(state: SchedulerState, batch: BatchBuilder, max_num_seqs: int, chunk_cap: int | None) -> int:
+    """Admit waiting requests FCFS while seats, budget and memory allow; returns how many were admitted.
+
+    ``chunk_cap=None`` admits whole prompts only (no chunking: a prompt that does not fit the budget left waits, and
+    so does everyone behind it); otherwise the first chunk is cut to the budget left and to ``chunk_cap``."""
+    reqs, kv = state.reqs, state.kv
+    admitted = 0
+    while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
+        req = state.waiting[0]
+        need = int(reqs.remaining(req))
+        chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
+        if chunk > batch.budget:
+            break
+        # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
+        if not kv.can_allocate(req, int(reqs.computed[req]) + chunk, admission=bool(state.running)):
+            break
+        state.admit_next()
+        kv.allocate(req, int(reqs.computed[req]) + chunk)
+        batch.add(req, chunk)
+        admitted += 1
+    return admitted

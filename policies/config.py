@@ -1,0 +1,59 @@
+"""Scheduler settings users write (command-line flags or YAML), with vLLM's names where vLLM has the knob."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SchedulerConfig(BaseModel):
+    """Limits and knobs of the batching policies. Each policy reads the fields it needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = Field("continuous", description="policy name (see `policies.names()`) or 'module:Class'")
+    max_model_len: int = Field(4096, ge=1, description="max prompt + output tokens of one request (tokens)")
+    max_num_seqs: int = Field(256, ge=1, description="max sequences in one iteration (continuous, chunked)")
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="max tokens in one iteration; default 2048 for chunked, max(max_model_len, 2048) otherwise",
+    )
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="chunked: cap on one request's prefill chunk per iteration (tokens; 0 = no cap)"
+    )
+    mix_prefill_decode: bool = Field(
+        False, description="continuous: let prefills and decodes share an iteration (default: prefill-priority)"
+    )
+    max_batch_size: int = Field(8, ge=1, description="static, dynamic: passengers per boat (requests)")
+    max_delay_ms: float = Field(
+        100.0, ge=0, description="dynamic: longest the oldest queued request waits before a batch leaves (ms)"
+    )
+    preferred_batch_sizes: tuple[int, ...] = Field(
+        (), description="dynamic: batch sizes that leave at once when that many are queued (Triton)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"preferred_batch_sizes entry {size} must be between 1 and max_batch_size={self.max_batch_size}"
+                )
+        if (
+            self.policy == "continuous"
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
+                f"{self.max_model_len}: without chunked prefill a whole prompt must fit in one iteration "
+                "(raise max_num_batched_tokens, lower max_model_len, or use --policy chunked)"
+            )
+        return self
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens one iteration may compute (the resolved ``max_num_batched_tokens``)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.policy == "chunked" else max(self.max_model_len, 2048)

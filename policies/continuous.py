@@ -1,0 +1,41 @@
+"""Continuous (iteration-level) batching, as vLLM's original scheduler: requests join and leave between iterations.
+
+Every iteration is bounded by ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens; prompts are prefilled
+whole. By default prefills have priority and are not mixed with decodes: an iteration that admits prompts runs those
+prompts only, and the running requests' decodes wait for the next one (vLLM V0). With ``mix_prefill_decode`` an
+iteration gives each running request its decode token first and fills the rest of the budget with whole prompts.
+Running requests grow their KV blocks one token at a time; when the cache is full the most recently admitted is
+preempted by recompute.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import BatchBuilder, admit_waiting, register, schedule_decodes
+from policies.config import SchedulerConfig
+from sim.state import Batch, SchedulerState, Wait
+
+
+@register
+class ContinuousBatching:
+    name: ClassVar[str] = "continuous"
+
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, mix_prefill_decode: bool = False) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.mix_prefill_decode = mix_prefill_decode
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> ContinuousBatching:
+        return cls(config.max_num_seqs, config.token_budget, config.mix_prefill_decode)
+
+    def schedule(self, state: SchedulerState) -> Batch | Wait:
+        batch = BatchBuilder(self.max_num_batched_tokens)
+        if self.mix_prefill_decode:
+            schedule_decodes(state, batch)
+            if not batch.preempted:  # as vLLM: no new admissions in a step that had to preempt
+                admit_waiting(state, batch, self.max_num_seqs, chunk_cap=None)
+        elif not admit_waiting(state, batch, self.max_num_seqs, chunk_cap=None):
+            schedule_decodes(state, batch)
+        return batch.build() or Wait()

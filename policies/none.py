@@ -1,0 +1,32 @@
+"""No batching: one request at a time, first come first served, run to completion (a boat that carries one)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import BatchBuilder, register
+from policies.config import SchedulerConfig
+from sim.state import Batch, SchedulerState, Wait
+
+
+@register
+class NoBatching:
+    name: ClassVar[str] = "none"
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> NoBatching:
+        return cls()
+
+    def schedule(self, state: SchedulerState) -> Batch | Wait:
+        if not state.running:
+            if not state.waiting:
+                return Wait()
+            state.admit_next()
+        req = state.running[0]
+        tokens = int(state.reqs.remaining(req))  # the whole prompt at once, then one token per step
+        # alone in the cache, a request that passed the arrival check always fits
+        if not state.kv.allocate(req, int(state.reqs.computed[req]) + tokens):
+            raise RuntimeError(f"request {req} does not fit in an empty KV cache")
+        batch = BatchBuilder(budget=tokens)
+        batch.add(req, tokens)
+        return batch.build()  # type: ignore[return-value]

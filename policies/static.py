@@ -1,0 +1,67 @@
+"""Static batching: the boat waits until it is full, then carries everyone to the end.
+
+A batch leaves when ``max_batch_size`` requests are queued (or, once the trace has ended, with whoever is left). Its
+members prefill together, then decode together until the last of them is done; a member that finishes early keeps its
+seat and its memory until then, and every response is returned when the batch ends. Memory is reserved up front for
+each member's prompt and whole output, as engines without paging did; a batch that would not fit is cut to what fits.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import BatchBuilder, register
+from policies.config import SchedulerConfig
+from sim.request import Status
+from sim.state import Batch, SchedulerState, Wait
+
+
+@register
+class StaticBatching:
+    name: ClassVar[str] = "static"
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.max_batch_size = max_batch_size
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> StaticBatching:
+        return cls(max_batch_size=config.max_batch_size)
+
+    def schedule(self, state: SchedulerState) -> Batch | Wait:
+        if state.running and not any(state.reqs.status[r] == Status.RUNNING for r in state.running):
+            state.release(list(state.running))  # the whole batch is done: return every response now
+        if not state.running:
+            size = self.departure_size(state)
+            if size is None:
+                return self.wait(state)
+            self.board(state, size)
+        return self.step(state)
+
+    def departure_size(self, state: SchedulerState) -> int | None:
+        """How many queued requests leave now, or None to keep waiting."""
+        if len(state.waiting) >= self.max_batch_size:
+            return self.max_batch_size
+        if state.waiting and not state.more_arrivals:  # the trace has ended: flush
+            return len(state.waiting)
+        return None
+
+    def wait(self, state: SchedulerState) -> Wait:
+        return Wait()  # until the next arrival
+
+    def board(self, state: SchedulerState, size: int) -> None:
+        """Seat up to ``size`` requests FCFS, reserving each one's prompt + output; stop at the first that won't fit."""
+        reqs = state.reqs
+        for _ in range(size):
+            req = state.waiting[0]
+            if not state.kv.allocate(req, int(reqs.prompt[req] + reqs.output_wanted[req])):
+                break
+            state.admit_next()
+
+    def step(self, state: SchedulerState) -> Batch:
+        """The seated members still generating: all prefill together, then decode one token each."""
+        reqs = state.reqs
+        active = [r for r in state.running if reqs.status[r] == Status.RUNNING]
+        batch = BatchBuilder(budget=0)
+        for req in active:
+            batch.add(req, int(reqs.remaining(req)))
+        return batch.build(hold_finished=True)  # type: ignore[return-value]

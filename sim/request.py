@@ -1,0 +1,90 @@
+"""Requests as columns: one row per request, counters instead of phases (a struct of arrays).
+
+A request is a prompt of ``prompt[i]`` tokens that wants ``output_wanted[i]`` tokens generated. Its progress is two
+counters, as in vLLM V1's scheduler:
+- ``computed[i]``: tokens whose KV entries are in the cache (prompt and fed-back output tokens);
+- ``generated[i]``: output tokens sampled so far.
+The request "holds" ``prompt + generated`` tokens; an iteration computes some of the ones not yet cached and, when
+the cache has caught up with all of them, samples one more. Prefill, chunked prefill, decode and recompute after a
+preemption are all just "computed catches up with prompt + generated": no phase field is needed.
+
+Times are seconds on the engine's clock (simulated or real), NaN until they happen.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+
+class Status(IntEnum):
+    """Where a request is. The order means something: ``status >= FINISHED`` is over for good."""
+
+    PENDING = 0  # not yet arrived
+    WAITING = 1  # arrived, queued for admission (or put back after a preemption)
+    RUNNING = 2  # holds a seat in the running batch and KV blocks
+    HELD = 3  # all tokens made, but its seat and memory are held until its batch returns (static batching)
+    FINISHED = 4  # response returned
+    REJECTED = 5  # will never run; ``reason`` says why
+
+
+class Reason(IntEnum):
+    """Why a request was rejected (stored as a small integer per request)."""
+
+    NONE = 0
+    EMPTY = 1  # prompt or output length is zero
+    EXCEEDS_MAX_MODEL_LEN = 2  # prompt + output tokens > max_model_len
+    EXCEEDS_KV_CACHE = 3  # prompt + output tokens can never fit in the whole KV cache
+    STALLED = 4  # the policy stopped scheduling with work left (a policy bug; never expected)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class RequestTable:
+    """All requests of a run as numpy columns, indexed by request number ``0..n-1`` in arrival order."""
+
+    def __init__(
+        self,
+        arrival: npt.ArrayLike,
+        prompt: npt.ArrayLike,
+        output_wanted: npt.ArrayLike,
+    ) -> None:
+        self.arrival = np.asarray(arrival, dtype=np.float64)  # seconds
+        self.prompt = np.asarray(prompt, dtype=np.int64)  # tokens
+        self.output_wanted = np.asarray(output_wanted, dtype=np.int64)  # tokens
+        n = len(self.arrival)
+        if not len(self.prompt) == len(self.output_wanted) == n:
+            raise ValueError("arrival, prompt and output_wanted must have the same length")
+        self.n = n
+        self.computed = np.zeros(n, dtype=np.int64)  # tokens with KV in the cache
+        self.generated = np.zeros(n, dtype=np.int64)  # output tokens sampled
+        self.status = np.zeros(n, dtype=np.int8)  # Status
+        self.reason = np.zeros(n, dtype=np.int8)  # Reason
+        self.preemptions = np.zeros(n, dtype=np.int32)  # times preempted (count)
+        self.recomputed = np.zeros(n, dtype=np.int64)  # KV tokens discarded by preemption (tokens)
+        self.admit_order = np.full(n, -1, dtype=np.int64)  # sequence number of the latest admission
+        nan = np.full(n, np.nan)
+        self.first_scheduled = nan.copy()  # start of the first iteration it took part in (s)
+        self.first_token = nan.copy()  # end of the iteration that sampled its first token (s)
+        self.last_token = nan.copy()  # end of the iteration that sampled its latest token (s)
+        self.finish = nan.copy()  # time its last token was made (s)
+        self.response = nan.copy()  # time its response was returned: finish, or its batch's end (s)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def total_tokens(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.int64] | np.int64:
+        """Tokens the request holds now: prompt plus output sampled so far (tokens)."""
+        return self.prompt[ids] + self.generated[ids]
+
+    def remaining(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.int64] | np.int64:
+        """Tokens to compute before the next sample (tokens): the whole prompt at first, 1 while decoding."""
+        return self.prompt[ids] + self.generated[ids] - self.computed[ids]
+
+    def is_prefilling(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.bool_] | np.bool_:
+        """True where the next step is (part of) a prefill or a recompute, not a one-token decode step."""
+        return (self.generated[ids] == 0) | (self.remaining(ids) > 1)

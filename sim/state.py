@@ -1,0 +1,219 @@
+"""Scheduler state: the queues a policy decides over, and the bookkeeping that follows each iteration.
+
+The split follows vLLM's ``schedule()`` / ``update_from_output()``: a policy moves requests between the waiting queue
+and the running set (admit, preempt, release) and returns a batch; after the batch has run, whoever ran it (the
+simulated engine, or a real executor) calls ``complete`` to advance the counters and write the records. Nothing here
+knows about SimPy or about how long anything takes: times come in from the caller.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from costmodel.shape import IterationShape
+from sim.kvcache import KVCacheManager
+from sim.records import RunRecords
+from sim.request import Reason, RequestTable, Status
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One iteration's work, as a policy decides it."""
+
+    # requests that take part, in the order they were scheduled
+    req_ids: IntArray
+    # tokens each one computes this iteration: a prompt chunk (or recompute), or 1 for a decode step
+    num_new: IntArray
+    # True: a request that makes its last token keeps its seat and memory until the policy releases its whole batch
+    # (static batching); False: it leaves and frees its memory at once
+    hold_finished: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.req_ids) != len(self.num_new):
+            raise ValueError("req_ids and num_new must have the same length")
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.num_new.sum())
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to run now: wake the policy at ``until`` (seconds on the engine clock) or at the next arrival,
+    whichever is first. ``until=None`` means at the next arrival only."""
+
+    until: float | None = None
+
+
+class SchedulerState:
+    """The replica's queues and requests, as a policy sees them."""
+
+    def __init__(self, requests: RequestTable, kv: KVCacheManager, max_model_len: int) -> None:
+        self.reqs = requests
+        self.kv = kv
+        self.max_model_len = int(max_model_len)
+        self.now = 0.0  # seconds, set by the caller before each decision
+        self.waiting: deque[int] = deque()  # FCFS; preempted requests go back to the front
+        self.running: list[int] = []  # seated requests, in admission order (the last is preempted first)
+        self.records = RunRecords(requests=requests, kv_num_blocks=kv.num_blocks, kv_block_size=kv.block_size)
+        self._arrived = 0  # requests [0, _arrived) have arrived
+        self._admissions = 0
+        self._preempted_since_batch = 0
+        self.unfinished = len(requests)  # requests not yet finished or rejected
+        self.num_held = 0  # seated requests that are done and wait for their batch to end
+
+    # ---- arrivals -------------------------------------------------------------------------------------------------
+    @property
+    def next_arrival(self) -> float:
+        """Arrival time of the next request not yet arrived (s); inf when the trace is exhausted."""
+        return float(self.reqs.arrival[self._arrived]) if self._arrived < self.reqs.n else float("inf")
+
+    @property
+    def more_arrivals(self) -> bool:
+        """Whether any request is still to arrive."""
+        return self._arrived < self.reqs.n
+
+    def receive_arrivals(self, now: float) -> None:
+        """Queue every request that has arrived by ``now``, rejecting those that can never run."""
+        reqs = self.reqs
+        end = int(np.searchsorted(reqs.arrival, now, side="right"))
+        if end <= self._arrived:
+            return
+        ids = np.arange(self._arrived, end)
+        self._arrived = end
+        total = reqs.prompt[ids] + reqs.output_wanted[ids]
+        reason = np.zeros(len(ids), dtype=np.int8)
+        reason[total > self.max_model_len] = Reason.EXCEEDS_MAX_MODEL_LEN
+        reason[(reason == 0) & (self.kv.blocks_for(total) > self.kv.num_blocks)] = Reason.EXCEEDS_KV_CACHE
+        reason[(reqs.prompt[ids] <= 0) | (reqs.output_wanted[ids] <= 0)] = Reason.EMPTY
+        ok = reason == 0
+        for i in ids[~ok]:
+            self.reject(int(i), Reason(int(reason[i - ids[0]])))
+        reqs.status[ids[ok]] = Status.WAITING
+        self.waiting.extend(ids[ok].tolist())
+
+    def reject(self, req: int, reason: Reason) -> None:
+        """End ``req`` for good without running it (or stop it, freeing what it holds)."""
+        if self.reqs.status[req] in (Status.RUNNING, Status.HELD):
+            self.running.remove(req)
+        elif self.reqs.status[req] == Status.WAITING:
+            self.waiting.remove(req)
+        self.kv.free_request(req)
+        self.reqs.status[req] = Status.REJECTED
+        self.reqs.reason[req] = reason
+        self.unfinished -= 1
+
+    # ---- what policies do -----------------------------------------------------------------------------------------
+    def admit_next(self) -> int:
+        """Move the request at the front of the waiting queue into the running set; returns its id."""
+        req = self.waiting.popleft()
+        self.reqs.status[req] = Status.RUNNING
+        self.reqs.admit_order[req] = self._admissions
+        self._admissions += 1
+        self.running.append(req)
+        return req
+
+    def preempt(self, req: int) -> None:
+        """Preempt a running request by recompute: drop its KV, put it back at the front of the waiting queue."""
+        reqs = self.reqs
+        self.running.remove(req)
+        self.kv.free_request(req)
+        reqs.recomputed[req] += reqs.computed[req]
+        reqs.computed[req] = 0
+        reqs.preemptions[req] += 1
+        reqs.status[req] = Status.WAITING
+        self.waiting.appendleft(req)
+        self._preempted_since_batch += 1
+
+    def release(self, reqs: list[int]) -> None:
+        """Return the responses of held requests (their batch has ended) and free their seats and memory."""
+        gone = set(reqs)
+        for req in reqs:
+            if self.reqs.status[req] != Status.HELD:
+                raise ValueError(f"request {req} is not held (status {Status(self.reqs.status[req]).name})")
+            self.kv.free_request(req)
+            self.reqs.status[req] = Status.FINISHED
+            self.reqs.response[req] = self.now
+        self.num_held -= len(reqs)
+        self.running = [r for r in self.running if r not in gone]
+        self.unfinished -= len(reqs)
+
+    # ---- what the executor does ---------------------------------------------------------------------------------
+    def shape_of(self, batch: Batch) -> IterationShape:
+        """The cost model's view of a batch: prefill chunks and decode steps with their cached context."""
+        reqs = self.reqs
+        ids = batch.req_ids
+        ctx = reqs.computed[ids]
+        prefill = reqs.is_prefilling(ids)
+        samples = ctx + batch.num_new == reqs.total_tokens(ids)
+        return IterationShape(
+            prefill_new=batch.num_new[prefill],
+            prefill_ctx=ctx[prefill],
+            decode_ctx=ctx[~prefill],
+            prefill_sampled=int(np.count_nonzero(samples & prefill)),
+        )
+
+    def complete(self, batch: Batch, shape: IterationShape, start: float, end: float) -> None:
+        """Account for a batch that ran from ``start`` to ``end`` (s): advance counters, sample tokens, finish
+        requests, and append the iteration's record."""
+        reqs = self.reqs
+        ids = batch.req_ids
+        new_first = ids[np.isnan(reqs.first_scheduled[ids])]
+        reqs.first_scheduled[new_first] = start
+        reqs.computed[ids] += batch.num_new
+        short = self.kv.blocks_for(reqs.computed[ids]) > self.kv.held[ids]
+        if short.any():
+            req = int(ids[short][0])
+            raise RuntimeError(
+                f"request {req} computed {reqs.computed[req]} tokens but holds only {self.kv.held[req]} KV blocks "
+                f"of {self.kv.block_size}: the policy scheduled tokens without allocating room for them"
+            )
+        sampled = ids[reqs.computed[ids] == reqs.total_tokens(ids)]
+        first = reqs.generated[sampled] == 0
+        reqs.first_token[sampled[first]] = end
+        later = sampled[~first]
+        self.records.itl.add(end - reqs.last_token[later])
+        reqs.generated[sampled] += 1
+        reqs.last_token[sampled] = end
+        done = sampled[reqs.generated[sampled] >= reqs.output_wanted[sampled]]
+        reqs.finish[done] = end
+        seats, held = len(self.running), self.num_held
+        kv_used = self.kv.used
+        if len(done):
+            if batch.hold_finished:
+                reqs.status[done] = Status.HELD
+                self.num_held += len(done)
+            else:
+                reqs.status[done] = Status.FINISHED
+                reqs.response[done] = end
+                for req in done.tolist():
+                    self.kv.free_request(req)
+                gone = set(done.tolist())
+                self.running = [r for r in self.running if r not in gone]
+                self.unfinished -= len(done)
+        self.records.iterations.append(
+            (
+                start,
+                end,
+                len(shape.prefill_new),
+                shape.num_prefill_tokens,
+                shape.num_decode_seqs,
+                int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
+                kv_used,
+                seats,
+                held,
+                len(self.waiting),
+                self._preempted_since_batch,
+                len(done),
+            )
+        )
+        self._preempted_since_batch = 0

@@ -1,0 +1,116 @@
+"""Invariants every policy keeps on random traces and limits (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import policies
+from policies.config import SchedulerConfig
+from sim.engine import simulate
+from sim.kvcache import KVCacheManager
+from sim.metrics import request_frame
+from sim.request import Reason, Status
+from tests.helpers import LinearTimer, make_requests
+
+POLICIES = ["none", "static", "dynamic", "continuous", "chunked"]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(1, 25))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(0, 120), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    policy = draw(st.sampled_from(POLICIES))
+    max_model_len = draw(st.integers(8, 160))
+    chunked = policy == "chunked"
+    budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, 2 * max_model_len))
+    return {
+        "arrivals": np.cumsum(gaps),
+        "prompts": prompts,
+        "outputs": outputs,
+        "block_size": draw(st.sampled_from([1, 4, 16])),
+        "kv_blocks": draw(st.integers(1, 80)),
+        "config": SchedulerConfig(
+            policy=policy,
+            max_model_len=max_model_len,
+            max_num_seqs=draw(st.integers(1, 8)),
+            max_num_batched_tokens=budget,
+            long_prefill_token_threshold=draw(st.sampled_from([0, 3, 17])),
+            mix_prefill_decode=draw(st.booleans()),
+            max_batch_size=draw(st.integers(1, 8)),
+            max_delay_ms=draw(st.sampled_from([0.0, 5.0, 100.0])),
+        ),
+    }
+
+
+def _simulate(sc: dict):
+    reqs = make_requests(sc["arrivals"], sc["prompts"], sc["outputs"])
+    kv = KVCacheManager(sc["kv_blocks"], sc["block_size"], len(reqs))
+    cfg = sc["config"]
+    records = simulate(reqs, policies.get(cfg), LinearTimer(0.01, 1e-3, 1e-5), kv, cfg.max_model_len)
+    return reqs, kv, records
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_every_request_ends_and_limits_hold(sc: dict) -> None:
+    reqs, kv, records = _simulate(sc)
+    cfg = sc["config"]
+
+    # every request ends completed or rejected with a reason, and the policy never stalls
+    assert set(np.unique(reqs.status)) <= {Status.FINISHED, Status.REJECTED}
+    rejected = reqs.status == Status.REJECTED
+    assert (reqs.reason[rejected] != Reason.NONE).all()
+    assert (reqs.reason[rejected] != Reason.STALLED).all()
+    assert (reqs.reason[~rejected] == Reason.NONE).all()
+    # rejected exactly when it could never run
+    total = reqs.prompt + reqs.output_wanted
+    never = (reqs.prompt == 0) | (reqs.output_wanted == 0) | (total > cfg.max_model_len)
+    never |= -(-total // sc["block_size"]) > sc["kv_blocks"]
+    assert (rejected == never).all()
+
+    # token conservation: each finished request made exactly the tokens it wanted
+    done = ~rejected
+    assert (reqs.generated[done] == reqs.output_wanted[done]).all()
+    assert (reqs.generated[rejected] == 0).all()
+    # and the iterations computed exactly the tokens that ended in (or were dropped from) the KV caches
+    it = records.iterations
+    computed = it.column("prefill_tokens").sum() + it.column("decode_seqs").sum()
+    assert computed == (reqs.computed[done].sum() + reqs.recomputed.sum())
+    assert (reqs.computed[done] == total[done] - 1).all()
+
+    # limits: sequences, tokens and memory per iteration
+    seqs = it.column("prefill_seqs") + it.column("decode_seqs")
+    tokens = it.column("prefill_tokens") + it.column("decode_seqs")
+    if cfg.policy in ("continuous", "chunked"):
+        assert (seqs <= cfg.max_num_seqs).all()
+        assert (tokens <= cfg.token_budget).all()
+        assert (it.column("seats") <= cfg.max_num_seqs).all()
+    if cfg.policy in ("static", "dynamic"):
+        assert (it.column("seats") <= cfg.max_batch_size).all()
+    if cfg.policy == "none":
+        assert (seqs == 1).all()
+    assert (it.column("kv_blocks_used") <= sc["kv_blocks"]).all()
+    assert kv.used == 0 and (kv.held == 0).all()  # every block freed by the end
+
+    # timestamps ordered; iterations do not overlap
+    f = request_frame(records)[done]
+    assert (f.arrival_s <= f.first_scheduled_s).all()
+    assert (f.first_scheduled_s < f.first_token_s).all()
+    assert (f.first_token_s <= f.finish_s).all()
+    assert (f.finish_s <= f.response_s).all()
+    assert (it.column("start")[1:] >= it.column("end")[:-1]).all()
+    assert (records.itl.values() > 0).all()
+    assert len(records.itl.values()) == (reqs.generated[done] - 1).sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(scenarios())
+def test_same_input_same_records(sc: dict) -> None:
+    _, _, first = _simulate(sc)
+    _, _, second = _simulate(sc)
+    assert request_frame(first).equals(request_frame(second))
+    assert first.iterations.to_frame().equals(second.iterations.to_frame())
