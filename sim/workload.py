@@ -1,0 +1,260 @@
+"""Workloads: the arrival trace a simulation replays, synthetic (``vllm bench serve`` style) or from a file.
+
+A ``Workload`` is three aligned numpy columns (arrival second, prompt tokens, output tokens) plus optional
+ids; a million requests cost 24 MB and no Python object per request. Build one with ``synthetic(...)``,
+``load_trace(...)`` (readers in ``sim.traces``) or ``Workload.from_arrays(...)``.
+
+Token lengths of synthetic requests follow a ``LengthSpec`` (``sim.lengths``). All randomness comes from the
+``numpy.random.Generator`` passed in: same seed, same workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from sim import traces
+from sim.lengths import LengthSpec, parse_length_spec
+from sim.traces import FORMATS
+
+__all__ = [
+    "FORMATS",
+    "LengthSpec",
+    "Workload",
+    "load_trace",
+    "parse_length_spec",
+    "synthetic",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+ObjArray = npt.NDArray[np.object_]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Workload:
+    """Requests in arrival order, one row each. The arrays are stored read-only: a workload is a value."""
+
+    # arrival time of each request, seconds from the start of the trace; non-decreasing, first >= 0 (float64)
+    arrival_s: FloatArray
+    # prompt (input) tokens of each request, >= 0; 0 is kept here, the engine rejects it with a reason (int64)
+    prompt_tokens: IntArray
+    # tokens each request wants generated, >= 0 (int64)
+    output_tokens: IntArray
+    # ids from the trace as an object array of str, or None: the row index is the id ("0", "1", ...), which
+    # saves a Python string per request. Read ids through ``id_of(i)`` or ``ids()``, which handle both.
+    request_id: ObjArray | None = None
+    # what the requests are: "synthetic gamma(burstiness=0.5) rate=8/s n=1000 ..." or "azure:/path/file.csv"
+    source: str = "arrays"
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s) if isinstance(self.arrival_s, np.ndarray) else -1
+        for name, kind in (
+            ("arrival_s", np.float64),
+            ("prompt_tokens", np.int64),
+            ("output_tokens", np.int64),
+        ):
+            values = getattr(self, name)
+            if not isinstance(values, np.ndarray) or values.dtype != kind or values.ndim != 1:
+                got = (
+                    f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values)
+                )
+                raise ValueError(f"{name} must be a 1-D {np.dtype(kind)} numpy array, got {got}")
+            if len(values) != n:
+                raise ValueError(f"{name} has {len(values)} rows but arrival_s has {n}")
+            _bad_row(name, values, ~np.isfinite(values) if kind == np.float64 else None, "is not finite")
+            _bad_row(name, values, values < 0, "is negative")
+            view = values.view()
+            view.flags.writeable = False
+            object.__setattr__(self, name, view)
+        if n > 1:
+            down = np.flatnonzero(np.diff(self.arrival_s) < 0)
+            if down.size:
+                i = int(down[0]) + 1
+                now, before = self.arrival_s[i].item(), self.arrival_s[i - 1].item()
+                raise ValueError(f"arrival_s is not sorted: row {i} is {now!r} < row {i - 1} {before!r}")
+        if self.request_id is not None:
+            ids = self.request_id
+            if not isinstance(ids, np.ndarray) or ids.dtype != object or ids.ndim != 1 or len(ids) != n:
+                raise ValueError(f"request_id must be None or a 1-D object array of {n} str, got {ids!r:.80}")
+            for i, x in enumerate(ids):
+                if type(x) is not str:
+                    raise ValueError(f"request_id row {i}: {x!r} is not a str")
+            view = ids.view()
+            view.flags.writeable = False
+            object.__setattr__(self, "request_id", view)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrival_s: npt.ArrayLike,
+        prompt_tokens: npt.ArrayLike,
+        output_tokens: npt.ArrayLike,
+        request_id: npt.ArrayLike | None = None,
+        source: str = "arrays",
+    ) -> Workload:
+        """Build from any array-likes (lists, other dtypes); token counts must be whole numbers."""
+        ids = None if request_id is None else np.array([str(x) for x in np.asarray(request_id)], dtype=object)
+        arrival = np.asarray(arrival_s, dtype=np.float64)
+        return cls(
+            arrival,
+            _whole(prompt_tokens, "prompt_tokens"),
+            _whole(output_tokens, "output_tokens"),
+            ids,
+            source,
+        )
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def __repr__(self) -> str:
+        return f"Workload({len(self)} requests, source={self.source!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """Same requests (arrivals, lengths, ids) and source; ``None`` ids equal explicit row indices."""
+        if not isinstance(other, Workload):
+            return NotImplemented
+        same_ids = self.request_id is None and other.request_id is None
+        return (
+            self.source == other.source
+            and np.array_equal(self.arrival_s, other.arrival_s)
+            and np.array_equal(self.prompt_tokens, other.prompt_tokens)
+            and np.array_equal(self.output_tokens, other.output_tokens)
+            and (same_ids or np.array_equal(self.ids(), other.ids()))
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays: compared by value, not hashable
+
+    def head(self, n: int) -> Workload:
+        """The first ``n`` requests (all of them if there are fewer); the arrays are views, not copies."""
+        if n < 0:
+            raise ValueError(f"head(n={n}): n must be >= 0")
+        if n >= len(self):
+            return self
+        ids = None if self.request_id is None else self.request_id[:n]
+        return Workload(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, self.source)
+
+    def id_of(self, i: int) -> str:
+        """The id of row ``i``."""
+        return str(i) if self.request_id is None else str(self.request_id[i])
+
+    def ids(self) -> ObjArray:
+        """All ids as an object array of str (built on demand when the ids are the row indices)."""
+        if self.request_id is not None:
+            return self.request_id
+        return np.arange(len(self)).astype(str).astype(object)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Columns ``arrival_time_s, prompt_tokens, output_tokens, request_id``: the native trace format, so
+        ``w.to_frame().to_csv(path, index=False)`` writes a file that ``load_trace(path)`` reads back
+        exactly."""
+        return pd.DataFrame(
+            {
+                "arrival_time_s": self.arrival_s,
+                "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens,
+                "request_id": self.ids(),
+            }
+        )
+
+
+def _bad_row(name: str, values: np.ndarray, bad: np.ndarray | None, what: str) -> None:
+    if bad is not None and bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} row {i}: {values[i].item()!r} {what}")
+
+
+def _whole(values: npt.ArrayLike, name: str) -> IntArray:
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        _bad_row(name, array, ~np.isfinite(array) | (array != np.floor(array)), "is not a whole number")
+    elif array.dtype.kind not in "iub" and array.size:
+        raise ValueError(f"{name} must be numeric, got dtype {array.dtype}")
+    return array.astype(np.int64)
+
+
+# --- trace files --------------------------------------------------------------------------------------------
+
+
+def load_trace(
+    path: str | Path,
+    format: str = "auto",
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    *,
+    model: str | None = None,
+    sort: bool = False,
+) -> Workload:
+    """Read a trace file (formats in ``sim.traces``; ``FORMATS`` names them).
+
+    - ``format="auto"`` detects it: ``.jsonl`` is mooncake, otherwise the CSV header decides. A length-only
+      file (ShareGPT stats: lengths, no arrival column) is not a trace; use it as an ``empirical`` source.
+    - Arrivals are shifted so the first is at 0 s (all formats but ``native``, whose times are already
+      relative, so a written workload reads back unchanged), then divided by ``time_scale`` (2 replays twice
+      as fast).
+    - ``limit`` keeps the first ``limit`` rows of the file (for BurstGPT, of those that pass ``model``, a
+      filter on its ``Model`` column).
+    - Timestamps must be sorted; an earlier row after a later one is an error naming both rows, unless
+      ``sort=True``, which sorts by arrival (stable).
+    """
+    cols = traces.read_trace(path, format, limit, time_scale, model, sort)
+    return Workload(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.request_id, cols.source)
+
+
+# --- synthetic ----------------------------------------------------------------------------------------------
+
+
+def synthetic(
+    num_prompts: int,
+    request_rate: float,
+    burstiness: float,
+    input_len: LengthSpec | str | int,
+    output_len: LengthSpec | str | int,
+    rng: np.random.Generator,
+    *,
+    normalize: bool = True,
+) -> Workload:
+    """``num_prompts`` requests arriving as ``vllm bench serve --request-rate R --burstiness B`` sends them.
+
+    Gaps between requests are gamma(shape=B, scale=1/(R*B)): mean 1/R, coefficient of variation 1/sqrt(B);
+    B=1 is a Poisson process, B<1 burstier, B>1 more regular, B=inf constant gaps of 1/R. R=inf sends all at
+    t=0. As in vLLM (``vllm/benchmarks/serve.py``, ``get_request``), the first request also waits one gap (it
+    does not arrive at 0), and with ``normalize`` (vLLM's behaviour without ramp-up) the arrival times are
+    scaled by one factor so the last arrives at exactly ``num_prompts / R`` s: the achieved rate is exactly
+    R, the gaps keep their gamma shape and CV. ``normalize=False`` gives the raw renewal process (for
+    queueing-theory checks).
+
+    Draws, in this order, from ``rng`` only: the gaps, the prompt lengths, the output lengths.
+    """
+    if isinstance(num_prompts, bool) or not isinstance(num_prompts, (int, np.integer)) or num_prompts < 1:
+        raise ValueError(f"num_prompts={num_prompts!r} must be an integer >= 1")
+    if not request_rate > 0:  # also refuses NaN
+        raise ValueError(f"request_rate={request_rate} must be > 0 (inf sends every request at t=0)")
+    if not burstiness > 0:
+        raise ValueError(f"burstiness={burstiness} must be > 0 (1 is Poisson; inf is constant gaps)")
+    in_spec, out_spec = parse_length_spec(input_len), parse_length_spec(output_len)
+
+    n = int(num_prompts)
+    if math.isinf(request_rate):
+        arrival = np.zeros(n)
+        process = "all at t=0"
+    else:
+        if math.isinf(burstiness):
+            gaps = np.full(n, 1.0 / request_rate)
+            process = f"constant rate={request_rate:g}/s"
+        else:
+            gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+            kind = "poisson" if burstiness == 1 else f"gamma(burstiness={burstiness:g})"
+            process = f"{kind} rate={request_rate:g}/s"
+        arrival = np.cumsum(gaps)
+        if normalize and arrival[-1] > 0:
+            arrival *= (n / request_rate) / arrival[-1]
+    prompt = in_spec.sample(n, rng)
+    output = out_spec.sample(n, rng)
+    source = f"synthetic {process} n={n} input={in_spec.text()} output={out_spec.text()}"
+    return Workload(arrival, prompt, output, None, source)
