@@ -1,0 +1,177 @@
+"""`ferry run`: simulate one replica serving a workload under a batching policy, print and write the results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import policies
+from experiments.config import RunConfig
+from experiments.simulation import run_simulation, write_outputs
+from sim.metrics import parse_goodput
+from sim.workload import FORMATS
+
+S = argparse.SUPPRESS  # flags not given do not override the config file or the defaults
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="simulate a workload under a batching policy",
+        description="Simulate one model replica serving a trace or synthetic workload under a batching policy. "
+        "Flags follow vLLM's names; every flag can also be set in --config FILE.yaml (same names, '_' for '-').",
+    )
+    p.add_argument("--config", type=Path, default=None, help="YAML file with the same fields as these flags")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results"),
+        help="folder for summary.json, requests.csv, iterations.csv (default: results/)",
+    )
+    p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
+
+    g = p.add_argument_group("replica")
+    g.add_argument("--model", default=S, help="built-in model (llama-3-8b, ...) or path to a HF config.json")
+    g.add_argument("--hardware", default=S, help="built-in hardware profile (h100-sxm, ...) or path to a profile")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=S, help="GPUs per replica (default 1)")
+    g.add_argument("--dtype", default=S, help="auto (the config's torch_dtype), bfloat16, float16, float32")
+    g.add_argument("--kv-cache-dtype", default=S, help="auto (= dtype) or fp8")
+    g.add_argument("--quantization", default=S, help="weight quantization: fp8, int8, int4")
+    g.add_argument("--gpu-memory-utilization", type=float, default=S, help="share of GPU memory used (0.9)")
+    g.add_argument("--block-size", type=int, default=S, help="tokens per KV-cache block (16)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=S, help="use this many KV blocks")
+    g.add_argument("--kv-watermark", type=float, default=S, help="share of KV blocks admission leaves free (0)")
+
+    g = p.add_argument_group("scheduler")
+    g.add_argument("--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (continuous)")
+    g.add_argument("--max-model-len", type=int, default=S, help="max prompt+output tokens (model's context)")
+    g.add_argument("--max-num-seqs", type=int, default=S, help="max sequences per iteration (256)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=S, help="max tokens per iteration")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=S, help="chunked: max chunk per request")
+    g.add_argument("--mix-prefill-decode", action="store_true", default=S, help="continuous: mix in one iteration")
+    g.add_argument("--max-batch-size", type=int, default=S, help="static, dynamic: requests per batch (8)")
+    g.add_argument("--max-delay-ms", type=float, default=S, help="dynamic: longest wait of the oldest request")
+    g.add_argument("--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once")
+
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", type=Path, default=S, help="trace file to replay instead of synthetic requests")
+    g.add_argument("--trace-format", choices=FORMATS, default=S, help="trace file format (auto)")
+    g.add_argument("--trace-time-scale", type=float, default=S, help="replay speed-up factor (1)")
+    g.add_argument("--num-prompts", type=int, default=S, help="requests (synthetic: 1000; trace: first N)")
+    g.add_argument("--request-rate", type=float, default=S, help="requests/s, inf = all at once (inf)")
+    g.add_argument("--burstiness", type=float, default=S, help="gamma shape of inter-arrivals, 1 = Poisson")
+    g.add_argument(
+        "--input-len",
+        default=S,
+        help="prompt tokens: N, uniform:LO:HI, lognormal:median=M,sigma=S, "
+        "zipf:a=A,max=X, empirical:PATH:COLUMN (1024)",
+    )
+    g.add_argument("--output-len", default=S, help="output tokens, same forms (128)")
+    g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
+    g.add_argument(
+        "--goodput", nargs="+", default=S, metavar="NAME:MS", help="SLOs for request_goodput: ttft:MS tpot:MS e2el:MS"
+    )
+    p.set_defaults(func=main)
+
+
+_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug"}
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_FIELDS}
+    if "goodput" in overrides:
+        overrides["goodput"] = parse_goodput(overrides["goodput"])
+    if args.config is not None:
+        return RunConfig.load(args.config, overrides)
+    return RunConfig.model_validate(overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    result = run_simulation(config)
+    paths = write_outputs(result, args.out)
+    if args.json:
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print(format_summary(result.summary))
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """A readable table of the summary, in sections, like `vllm bench serve` prints."""
+    cfg = s["config"]
+    sched = cfg["scheduler"]
+    mem = s["memory"]
+    rows: list[tuple[str, Any] | str] = [
+        "ferry run",
+        ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}"),
+        ("Policy", sched["policy"]),
+        ("Workload", s["workload"]),
+        ("KV cache (blocks x tokens)", f"{mem['num_gpu_blocks']:,} x {mem['block_size']}"),
+        "Serving",
+        ("Successful requests", s["completed"]),
+        ("Failed (rejected) requests", s["failed"]),
+    ]
+    rows += [(f"  rejected: {k}", v) for k, v in s["rejected_by_reason"].items()]
+    rows += [
+        ("Benchmark duration (s)", s["duration"]),
+        ("Total input tokens", s["total_input_tokens"]),
+        ("Total generated tokens", s["total_output_tokens"]),
+        ("Request throughput (req/s)", s["request_throughput"]),
+        ("Output token throughput (tok/s)", s["output_throughput"]),
+        ("Total token throughput (tok/s)", s["total_token_throughput"]),
+    ]
+    if "request_goodput" in s:
+        rows.append(("Request goodput (req/s)", s["request_goodput"]))
+    for name, title in (
+        ("ttft", "Time to First Token"),
+        ("tpot", "Time per Output Token (excl. 1st)"),
+        ("itl", "Inter-token Latency"),
+        ("e2el", "End-to-end Latency"),
+        ("queueing", "Queueing delay"),
+    ):
+        rows.append(title)
+        rows += [
+            (f"{stat.capitalize()} {name.upper()} (ms)", s[f"{stat}_{name}_ms"])
+            for stat in ("mean", "median", "p90", "p99")
+        ]
+    rows += [
+        "Batching",
+        ("Iterations", s["num_iterations"]),
+        ("Mean batch size (seqs)", s["mean_batch_size"]),
+        ("Mean tokens per iteration", s["mean_tokens_per_iteration"]),
+        ("GPU idle (s)", s["gpu_idle_s"]),
+        ("GPU idle fraction", s["gpu_idle_fraction"]),
+        ("Idle while requests wait (s)", s["idle_while_waiting_s"]),
+        ("Seat utilization", s["seat_utilization"]),
+        ("Peak / mean KV usage", f"{_fmt(s['peak_kv_usage'])} / {_fmt(s['mean_kv_usage'])}"),
+        ("Preemptions", s["total_preemptions"]),
+        ("Recomputed tokens", s["recomputed_tokens"]),
+    ]
+    width, label_width = 60, 36
+    lines = []
+    for row in rows:
+        if isinstance(row, str):
+            lines.append(f"{' ' + row + ' ':=^{width}}")
+        else:
+            label, value = row
+            text = _fmt(value)
+            lines.append(f"{label + ':':<{label_width}}{text:>{max(width - label_width, len(text) + 1)}}")
+    lines.append("=" * width)
+    return "\n".join(lines)
