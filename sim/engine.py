@@ -4,11 +4,16 @@ The engine owns time. Each turn it shows the policy the requests that have arriv
 the policy returns for as long as the cost model says, or sleeps until the policy's wake-up time or the next arrival.
 Arrivals are not events of their own: requests become visible when the clock passes their arrival time, so a run
 costs one SimPy event per iteration or idle wait, not one per request.
+
+``decide`` is the turn without the clock: a real executor (``experiments.executor``) drives the same policy objects
+with it against wall time.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from collections.abc import Generator
+from typing import Any, Protocol
 
 import simpy
 
@@ -31,37 +36,49 @@ class Scheduler(Protocol):
     def schedule(self, state: SchedulerState) -> Batch | Wait: ...
 
 
-def replica(env: simpy.Environment, state: SchedulerState, policy: Scheduler, timer: IterationTimer):  # noqa: ANN201
-    """The replica process: decide, run, account; or wait."""
-    while state.unfinished:
-        now = env.now
+def decide(state: SchedulerState, policy: Scheduler, now: float) -> Batch | float | None:
+    """One turn at time ``now`` (s): receive arrivals and ask the policy. Returns the batch to run now, or the time to
+    wake up and ask again (s, > now), or None when every request has ended."""
+    while True:
         state.now = now
         state.receive_arrivals(now)
+        if not state.unfinished:
+            return None
         decision = policy.schedule(state)
         if isinstance(decision, Batch):
-            shape = state.shape_of(decision)
+            return decision
+        if not state.unfinished:  # the policy's last act was to release the final batch
+            return None
+        if decision.until is not None and decision.until <= now:
+            raise RuntimeError(f"{type(policy).__name__} asked to wait until {decision.until} at time {now}")
+        wake = min(decision.until if decision.until is not None else math.inf, state.next_arrival)
+        if wake == math.inf:
+            # the policy will never act again and nothing else will arrive: end what is left, with a reason
+            for req in list(state.running) + list(state.waiting):
+                state.reject(req, Reason.STALLED)
+            return None
+        if wake > now:
+            return wake
+
+
+def replica(
+    env: simpy.Environment, state: SchedulerState, policy: Scheduler, timer: IterationTimer
+) -> Generator[simpy.Event, Any, None]:
+    """The replica process: decide, run, account; or wait."""
+    while True:
+        now = env.now
+        action = decide(state, policy, now)
+        if action is None:
+            return
+        if isinstance(action, Batch):
+            shape = state.shape_of(action)
             duration = timer.iteration_time(shape)
             if not duration > 0:
                 raise RuntimeError(f"the cost model gave a non-positive iteration time {duration!r} for {shape}")
             yield env.timeout(duration)
-            state.complete(decision, shape, now, env.now)
-            continue
-        if not state.unfinished:  # the policy's last act was to release the final batch
-            break
-        wake = min(decision.until if decision.until is not None else float("inf"), state.next_arrival)
-        if wake == float("inf"):
-            _reject_stalled(state)  # the policy will never act again: end what is left, with a reason
-            break
-        if wake <= now:
-            if decision.until is not None and decision.until <= now:
-                raise RuntimeError(f"{type(policy).__name__} asked to wait until {decision.until} at time {now}")
-            continue  # an arrival is due now
-        yield env.timeout(wake - now)
-
-
-def _reject_stalled(state: SchedulerState) -> None:
-    for req in list(state.running) + list(state.waiting):
-        state.reject(req, Reason.STALLED)
+            state.complete(action, shape, now, env.now)
+        else:
+            yield env.timeout(action - now)
 
 
 def simulate(
