@@ -11,6 +11,7 @@ from costmodel import Dtypes, ModelSpec, builtin_models, load_model
 # published parameter counts (model cards / papers), in billions
 PUBLISHED_B = {
     "llama-2-7b": 6.74,
+    "llama-2-13b": 13.02,
     "llama-3-8b": 8.03,
     "llama-3.1-8b": 8.03,
     "llama-3-70b": 70.6,
