@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -30,6 +32,11 @@ class SchedulerConfig(BaseModel):
     )
     preferred_batch_sizes: tuple[int, ...] = Field(
         (), description="dynamic: batch sizes that leave at once when that many are queued (Triton)"
+    )
+    static_reserve: Literal["output", "max_model_len"] = Field(
+        "output",
+        description="static, dynamic: KV reserved per member up front: prompt + its output length (an oracle that "
+        "knows when generation stops), or max_model_len tokens (an engine that must plan for the longest answer)",
     )
 
     @model_validator(mode="after")

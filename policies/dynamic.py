@@ -19,14 +19,22 @@ from sim.state import SchedulerState, Wait
 class DynamicBatching(StaticBatching):
     name: ClassVar[str] = "dynamic"
 
-    def __init__(self, max_batch_size: int, max_delay_s: float, preferred_batch_sizes: tuple[int, ...] = ()) -> None:
-        super().__init__(max_batch_size)
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_delay_s: float,
+        preferred_batch_sizes: tuple[int, ...] = (),
+        reserve: str = "output",
+    ) -> None:
+        super().__init__(max_batch_size, reserve)
         self.max_delay_s = max_delay_s  # seconds the oldest queued request may wait
         self.preferred = sorted(preferred_batch_sizes, reverse=True)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> DynamicBatching:
-        return cls(config.max_batch_size, config.max_delay_ms / 1e3, config.preferred_batch_sizes)
+        return cls(
+            config.max_batch_size, config.max_delay_ms / 1e3, config.preferred_batch_sizes, config.static_reserve
+        )
 
     def deadline(self, state: SchedulerState) -> float:
         """When the oldest queued request will have waited ``max_delay`` (s)."""

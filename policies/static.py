@@ -3,7 +3,9 @@
 A batch leaves when ``max_batch_size`` requests are queued (or, once the trace has ended, with whoever is left). Its
 members prefill together, then decode together until the last of them is done; a member that finishes early keeps its
 seat and its memory until then, and every response is returned when the batch ends. Memory is reserved up front for
-each member's prompt and whole output, as engines without paging did; a batch that would not fit is cut to what fits.
+each member, as engines without paging did: its prompt and whole output (``static_reserve="output"``, an oracle that
+knows the output length) or ``max_model_len`` tokens (an engine that must plan for the longest answer); a batch that
+would not fit is cut to what fits.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from sim.state import Batch, SchedulerState, Wait
 class StaticBatching:
     name: ClassVar[str] = "static"
 
-    def __init__(self, max_batch_size: int) -> None:
+    def __init__(self, max_batch_size: int, reserve: str = "output") -> None:
         self.max_batch_size = max_batch_size
+        self.reserve = reserve  # "output": prompt + output tokens per member; "max_model_len": that many
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> StaticBatching:
-        return cls(max_batch_size=config.max_batch_size)
+        return cls(max_batch_size=config.max_batch_size, reserve=config.static_reserve)
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         if state.running and not any(state.reqs.status[r] == Status.RUNNING for r in state.running):
@@ -49,11 +52,20 @@ class StaticBatching:
         return Wait()  # until the next arrival
 
     def board(self, state: SchedulerState, size: int) -> None:
-        """Seat up to ``size`` requests FCFS, reserving each one's prompt + output; stop at the first that won't fit."""
+        """Seat up to ``size`` requests FCFS, reserving each one's KV up front; stop at the first that won't fit.
+
+        The first always fits: it passed the arrival check and the cache is empty (with the ``max_model_len``
+        reservation, a request the cache cannot reserve that much for gets what it needs, as engines cap the
+        reservation at the cache size)."""
         reqs = state.reqs
-        for _ in range(size):
+        for seated in range(size):
             req = state.waiting[0]
-            if not state.kv.allocate(req, int(reqs.prompt[req] + reqs.output_wanted[req])):
+            need = int(reqs.prompt[req] + reqs.output_wanted[req])
+            if self.reserve == "max_model_len":
+                need = max(need, min(state.max_model_len, state.kv.capacity_tokens))
+            if not state.kv.allocate(req, need):
+                if seated == 0:
+                    raise RuntimeError(f"request {req} does not fit in an empty KV cache")
                 break
             state.admit_next()
 

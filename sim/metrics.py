@@ -147,6 +147,9 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     out.update(_stats("itl", records.itl.values()))
     out.update(_stats("e2el", e2el))
     out.update(_stats("queueing", frame["queueing_s"].to_numpy()[done]))
+    # the vLLM paper's normalized latency: each request's end-to-end latency divided by its output tokens
+    made = np.maximum(r.generated[done], 1)
+    out["mean_normalized_latency_ms"] = float((e2el / made).mean() * 1e3) if completed else None
 
     busy_each = it.column("end") - it.column("start")
     busy = float(busy_each.sum())
@@ -181,6 +184,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "peak_kv_usage": float(kv_frac.max()) if len(it) else 0.0,
             "mean_kv_usage": float((kv_frac * busy_each).sum() / busy) if busy > 0 else 0.0,
             "total_preemptions": int(r.preemptions.sum()),
+            "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
             "itl_kept": "exact",
         }
