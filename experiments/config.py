@@ -32,6 +32,14 @@ class WorkloadConfig(BaseModel):
     )
     request_rate: float = Field(math.inf, gt=0, description="synthetic: requests per second (inf: all at t=0)")
     burstiness: float = Field(1.0, gt=0, description="synthetic: gamma shape of inter-arrival times (1 = Poisson)")
+    lengths_from: Path | None = Field(
+        None,
+        description="synthetic: resample (prompt, output) pairs jointly from this file (a trace, or a lengths CSV "
+        "such as ShareGPT's num_prefill_tokens,num_decode_tokens) instead of input_len/output_len",
+    )
+    lengths_max_total: int | None = Field(
+        None, ge=2, description="with lengths_from: drop rows whose prompt + output exceeds this (tokens)"
+    )
     input_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(1024))
     output_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(128))
     seed: int = Field(0, description="seed of the numpy Generator that draws the synthetic workload")

@@ -55,6 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-batch-size", type=int, default=S, help="static, dynamic: requests per batch (8)")
     g.add_argument("--max-delay-ms", type=float, default=S, help="dynamic: longest wait of the oldest request")
     g.add_argument("--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once")
+    g.add_argument(
+        "--static-reserve",
+        choices=("output", "max_model_len"),
+        default=S,
+        help="static, dynamic: KV reserved per member: prompt + output (oracle) or max_model_len",
+    )
 
     g = p.add_argument_group("workload")
     g.add_argument("--trace", type=Path, default=S, help="trace file to replay instead of synthetic requests")
@@ -70,6 +76,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "zipf:a=A,max=X, empirical:PATH:COLUMN (1024)",
     )
     g.add_argument("--output-len", default=S, help="output tokens, same forms (128)")
+    g.add_argument(
+        "--lengths-from",
+        type=Path,
+        default=S,
+        help="resample (prompt, output) pairs from a trace or lengths CSV instead of --input-len/--output-len",
+    )
+    g.add_argument("--lengths-max-total", type=int, default=S, help="with --lengths-from: drop longer rows")
     g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
     g.add_argument(
         "--goodput", nargs="+", default=S, metavar="NAME:MS", help="SLOs for request_goodput: ttft:MS tpot:MS e2el:MS"

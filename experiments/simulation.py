@@ -17,6 +17,7 @@ from costmodel import CostModel, MemoryPlan, load_hardware, load_model
 from experiments.config import RunConfig
 from sim.engine import simulate
 from sim.kvcache import KVCacheManager
+from sim.lengths import read_length_pairs
 from sim.metrics import request_frame, summarize
 from sim.records import RunRecords
 from sim.request import RequestTable
@@ -40,7 +41,8 @@ def build_workload(config: RunConfig) -> Workload:
         return load_trace(w.trace, w.trace_format, limit=w.num_prompts, time_scale=w.trace_time_scale)
     rng = np.random.default_rng(w.seed)
     num = w.num_prompts if w.num_prompts is not None else DEFAULT_NUM_PROMPTS
-    return synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng)
+    pairs = read_length_pairs(w.lengths_from, w.lengths_max_total) if w.lengths_from is not None else None
+    return synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
 
 
 def resolve(config: RunConfig, max_position_embeddings: int) -> RunConfig:
@@ -58,8 +60,9 @@ def resolve(config: RunConfig, max_position_embeddings: int) -> RunConfig:
     return config.model_copy(update={"scheduler": policies.SchedulerConfig(**fields)})
 
 
-def run_simulation(config: RunConfig) -> RunResult:
-    """Simulate one replica under ``config``; returns the records and the summary."""
+def run_simulation(config: RunConfig, workload: Workload | None = None) -> RunResult:
+    """Simulate one replica under ``config``; returns the records and the summary. ``workload`` replaces the one
+    ``config.workload`` describes (sweeps build it once and reuse it)."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
     cost = CostModel(
@@ -80,7 +83,8 @@ def run_simulation(config: RunConfig) -> RunResult:
     if config.num_gpu_blocks_override is not None:
         memory = dataclasses.replace(memory, num_gpu_blocks=config.num_gpu_blocks_override)
     policy = policies.get(config.scheduler)
-    workload = build_workload(config)
+    if workload is None:
+        workload = build_workload(config)
     requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
     kv = KVCacheManager(memory.num_gpu_blocks, memory.block_size, len(requests), watermark=config.kv_watermark)
     records = simulate(requests, policy, cost, kv, config.scheduler.max_model_len)

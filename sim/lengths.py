@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -207,3 +208,26 @@ def parse_length_spec(value: str | int | Mapping[str, Any] | LengthSpec) -> Leng
     if isinstance(value, _Spec):
         return value
     return _ADAPTER.validate_python(_compact_to_dict(value))  # a malformed string fails here, unwrapped
+
+
+# (prompt, output) column names of a lengths-only file, tried in order after a trace's own token columns
+_PAIR_COLUMNS = (("num_prefill_tokens", "num_decode_tokens"), ("input_len", "output_len"), ("prompt_len", "output_len"))
+
+
+def read_length_pairs(path: str | Path, max_total: int | None = None) -> tuple[IntArray, IntArray]:
+    """(prompt, output) token counts of every row of a file, kept together: a trace of any supported format, or a
+    lengths-only CSV such as the ShareGPT statistics (``num_prefill_tokens, num_decode_tokens``). With
+    ``max_total``, rows whose prompt + output exceeds it are dropped (as vLLM's ShareGPT sampler drops conversations
+    longer than the model's context)."""
+    header = traces.csv_header(path)
+    lowered = {h.strip().lower() for h in header}
+    names = next(((p, o) for p, o in _PAIR_COLUMNS if p in lowered and o in lowered), None)
+    prompt_col, output_col = names if names is not None else ("prompt_tokens", "output_tokens")
+    prompt = traces.read_length_column(path, prompt_col)
+    output = traces.read_length_column(path, output_col)
+    if max_total is not None:
+        keep = prompt + output <= max_total
+        if not keep.any():
+            raise ValueError(f"{path}: no row has prompt + output <= {max_total} tokens")
+        prompt, output = prompt[keep], output[keep]
+    return prompt, output

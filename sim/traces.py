@@ -188,6 +188,14 @@ def _open_text(path: Path) -> IO[str]:
     return open(path, encoding="utf-8")
 
 
+def csv_header(path: str | Path) -> list[str]:
+    """Column names of a CSV file (empty for JSONL or a missing file)."""
+    path = Path(path)
+    if not path.is_file() or _is_jsonl(path):
+        return []
+    return _header(path)
+
+
 def _header(path: Path) -> list[str]:
     try:
         return [str(c).strip() for c in pd.read_csv(path, nrows=0, **_CSV_OPTIONS).columns]

@@ -218,6 +218,7 @@ def synthetic(
     rng: np.random.Generator,
     *,
     normalize: bool = True,
+    pairs: tuple[IntArray, IntArray] | None = None,
 ) -> Workload:
     """``num_prompts`` requests arriving as ``vllm bench serve --request-rate R --burstiness B`` sends them.
 
@@ -229,7 +230,10 @@ def synthetic(
     R, the gaps keep their gamma shape and CV. ``normalize=False`` gives the raw renewal process (for
     queueing-theory checks).
 
-    Draws, in this order, from ``rng`` only: the gaps, the prompt lengths, the output lengths.
+    ``pairs`` (prompt, output arrays, e.g. from ``sim.lengths.read_length_pairs``) replaces the two length specs:
+    each request takes one row, resampled with replacement, so prompt and output lengths keep their correlation.
+
+    Draws, in this order, from ``rng`` only: the gaps, the prompt lengths, the output lengths (or the rows).
     """
     if isinstance(num_prompts, bool) or not isinstance(num_prompts, (int, np.integer)) or num_prompts < 1:
         raise ValueError(f"num_prompts={num_prompts!r} must be an integer >= 1")
@@ -254,7 +258,12 @@ def synthetic(
         arrival = np.cumsum(gaps)
         if normalize and arrival[-1] > 0:
             arrival *= (n / request_rate) / arrival[-1]
-    prompt = in_spec.sample(n, rng)
-    output = out_spec.sample(n, rng)
-    source = f"synthetic {process} n={n} input={in_spec.text()} output={out_spec.text()}"
+    if pairs is not None:
+        rows = rng.integers(0, len(pairs[0]), size=n)
+        prompt, output = pairs[0][rows], pairs[1][rows]
+        lengths = f"lengths=resampled pairs of {len(pairs[0])} rows"
+    else:
+        prompt, output = in_spec.sample(n, rng), out_spec.sample(n, rng)
+        lengths = f"input={in_spec.text()} output={out_spec.text()}"
+    source = f"synthetic {process} n={n} {lengths}"
     return Workload(arrival, prompt, output, None, source)
