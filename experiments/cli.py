@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "experiments.iteration",
     "experiments.roofline",
     "experiments.validate_kernels",
+    "experiments.kv_usage",
 )
 
 
