@@ -11,11 +11,8 @@ the tensor-parallel all-reduces and the host overheads:
            + per_layer x layers
 
 Everything is per GPU: with tensor parallelism ``tp`` each GPU holds 1/tp of the heads, the MLP width and the
-vocabulary, and the kernels shrink accordingly (Megatron-style, as vLLM shards). Counts below use, per GPU:
-``T`` tokens through the linear layers (prefill chunks' new tokens + one per decode), ``H`` hidden size, ``q`` and
-``kv`` the query and key (= value) widths (heads x head_dim on this GPU), ``I`` the MLP width on this GPU, ``V`` the
-vocabulary slice, ``a``/``w``/``c`` bytes per activation/weight/KV element. FLOPs count a multiply-add as 2; bytes are
-the kernel's ideal DRAM traffic: weights read once, inputs read once, outputs written once (caches ignored).
+vocabulary, and the kernels shrink accordingly (Megatron-style, as vLLM shards). The FLOP and byte counts of each
+kernel, and what each term counts, are in ``costmodel.formulas`` (compiled, shared with the simulator's fast engine).
 
 Prefill is compute-bound: its GEMMs reuse each weight for every token (intensity ~T FLOP/byte). Decode is
 memory-bound: every step streams all weights and each sequence's whole KV cache for one token each.
@@ -24,34 +21,19 @@ memory-bound: every step streams all weights and each sequence's whole KV cache 
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from costmodel import formulas as f
 from costmodel.dtypes import PEAK_KEY, Dtypes
+from costmodel.formulas import KERNELS
 from costmodel.hardware import HardwareProfile
 from costmodel.memory import MemoryPlan, plan_memory
 from costmodel.model_spec import ModelSpec
 from costmodel.shape import IterationShape
 
-# The kernels of one forward pass, in execution order: (kernel, the op it is reported under, operator class,
-# instances per layer, instances once per iteration). The order is the order of ``CostModel._work``'s pairs.
-KERNELS: tuple[tuple[str, str, str, int, int], ...] = (
-    ("embedding", "embedding", "elementwise", 0, 1),
-    ("norm", "norms", "elementwise", 2, 0),  # before attention and before the MLP, residual add fused in
-    ("qkv_proj", "qkv_proj", "gemm", 1, 0),
-    ("rope", "rope", "elementwise", 1, 0),
-    ("attention_prefill", "attention_prefill", "attention_prefill", 1, 0),
-    ("attention_decode", "attention_decode", "attention_decode", 1, 0),
-    ("o_proj", "o_proj", "gemm", 1, 0),
-    ("mlp_gate_up", "mlp", "gemm", 1, 0),  # with the MoE router folded in
-    ("mlp_act", "mlp", "elementwise", 1, 0),
-    ("mlp_down", "mlp", "gemm", 1, 0),
-    ("final_norm", "norms", "elementwise", 0, 1),
-    ("lm_head", "lm_head", "gemm", 0, 1),  # on the sampled tokens only
-)
 OPS: tuple[str, ...] = tuple(dict.fromkeys(op for _, op, _, _, _ in KERNELS))
 
 # host-side activation reserve beyond the activations themselves: CUDA context, cuBLAS/NCCL workspaces, CUDA-graph pools
@@ -154,18 +136,6 @@ class IterationBreakdown:
         }
 
 
-def _prefill_sums(new: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int]:
-    """Exact integer sums over the prefill chunks: sum n, sum c, sum n c, sum n^2. A handful of chunks (the usual case)
-    is cheaper through C-level list reductions than through four numpy calls (~2 us each); many chunks go to numpy."""
-    if new.shape[0] <= _FEW_CHUNKS:
-        nl, cl = new.tolist(), ctx.tolist()
-        return sum(nl), sum(cl), sum(map(operator.mul, nl, cl)), sum(map(operator.mul, nl, nl))
-    return int(new.sum()), int(ctx.sum()), int(np.dot(new, ctx)), int(np.dot(new, new))
-
-
-_FEW_CHUNKS = 32
-
-
 class CostModel:
     """Iteration times of one model on one device type with ``tp``-way tensor parallelism (one replica)."""
 
@@ -232,172 +202,61 @@ class CostModel:
                 )
             )
         self._params = tuple(params)
+        self._kernel_params = np.array(params, dtype=np.float64)  # rows: formulas.COUNT .. formulas.M_HALF
 
         comm = eff.communication
-        # all-reduces: after attention and after the MLP in each layer, and after the (vocab-parallel) embedding
-        self._n_allreduce = 2 * self._L + 1 if tp > 1 else 0
-        self._ring = 2.0 * (tp - 1) / tp  # ring all-reduce: each GPU sends and receives 2(n-1)/n of the message
-        self._ar_rate = hardware.link_bandwidth * comm.bandwidth.max
-        self._ar_half = comm.bandwidth.half_size
-        self._ar_latency = comm.latency_s.value
         ov = hardware.overheads
-        self._per_iteration = ov.per_iteration_s.value + ov.per_layer_s.value * self._L
-        self._per_sequence = ov.per_sequence_s.value
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # the formulas (one set, used by iteration_time and explain alike)
-
-    def _sums(self, shape: IterationShape) -> tuple[float, float, float, float, float, float, float, int]:
-        """Reduce a shape to the sums the formulas need (numpy over the batch, no per-sequence loop):
-        T tokens, P prefill tokens, D decodes, S sampled, prefill (query, key) pairs, KV tokens read by prefill and by
-        decode attention, and the number of sequences."""
-        new, dctx = shape.prefill_new, shape.decode_ctx
-        n_pf, n_dec = new.shape[0], dctx.shape[0]
-        window = self._window
-        if n_pf:
-            ctx = shape.prefill_ctx
-            if window is None:
-                s_n, s_c, s_nc, s_nn = _prefill_sums(new, ctx)
-                prefill = float(s_n)
-                # chunk (n new on c cached): query i in 0..n-1 sees c + i + 1 keys (causal), sum = n c + n (n+1) / 2
-                pairs = float(s_nc) + 0.5 * float(s_nn + s_n)
-                pf_kv = float(s_c + s_n)  # K/V of every cached and new token, read once
-            else:
-                prefill = float(new.sum())
-                # each query sees at most `window` keys: the first m = clip(window - c, 0, n) queries see c+1 .. c+m,
-                # the rest see exactly `window`
-                m = np.clip(window - ctx, 0, new)
-                pairs = 0.5 * float(np.dot(m, 2 * ctx + m + 1)) + float(window * (new - m).sum())
-                pf_kv = float(np.minimum(ctx, window).sum()) + prefill
-        else:
-            prefill = pairs = pf_kv = 0.0
-        if n_dec:
-            # a decode attends its c cached tokens plus itself
-            dec_kv = float(dctx.sum()) + n_dec if window is None else float(np.minimum(dctx + 1, window).sum())
-        else:
-            dec_kv = 0.0
-        decodes = float(n_dec)
-        sampled = float(shape.prefill_sampled + n_dec)
-        return prefill + decodes, prefill, decodes, sampled, pairs, pf_kv, dec_kv, n_pf + n_dec
-
-    def _work(
-        self, T: float, P: float, D: float, S: float, pf_pairs: float, pf_kv: float, dec_kv: float
-    ) -> tuple[float, ...]:
-        """(FLOPs, bytes) of one instance of each kernel in KERNELS order, flattened; per GPU."""
-        H, q, kv, I, V = self._H, self._q, self._kv, self._I, self._V  # noqa: E741
-        a, w, c = self._a, self._w, self._c
-        qkv = q + 2.0 * kv
-        if self._moe:
-            E, k = self._E, self._k
-            R = T * k  # token-rows through the experts
-            # expected distinct experts hit by T tokens routed uniformly: the expert weights read
-            X = E * (1.0 - (1.0 - k / E) ** T)
-            router_flops = 2.0 * T * H * E  # router GEMM T x H x E
-            router_bytes = (H * E + T * (H + E)) * a
-        else:
-            R, X, router_flops, router_bytes = T, 1.0, 0.0, 0.0
-        up = 2.0 * I if self._gated else I  # gate and up side by side, or up alone
-        act_flops = 5.0 if self._gated else 8.0  # per output element: SiLU (~4) x up, or GELU (tanh form, ~8); nominal
-        act_io = 3.0 if self._gated else 2.0  # elements moved per output element: read gate, up; write out
-        norm_flops = 4.0 * T * H  # residual add, square-accumulate, scale, weight multiply
-        norm_bytes = 4.0 * T * H * a + H * a  # read input and residual, write both; weight vector
-        return (
-            # embedding: gather T rows of the table, write the hidden states
-            0.0,
-            2.0 * T * H * a,
-            # norm (fused add + RMSNorm)
-            norm_flops,
-            norm_bytes,
-            # qkv_proj: [T x H] @ [H x (q + 2 kv)] (+ bias); weights once, input once, output once
-            2.0 * T * H * qkv,
-            H * qkv * w + (qkv * a if self._bias else 0.0) + T * (H + qkv) * a,
-            # rope: rotate q and k in place (~3 FLOPs per element), read and write them
-            3.0 * T * (q + kv),
-            2.0 * T * (q + kv) * a,
-            # attention_prefill: QK^T and PV, 2 x 2 x d FLOPs per (query head, key) pair summed over heads = 4 q pairs;
-            # read Q and write O, write the chunk's K and V to the cache, read every K and V it attends to once
-            4.0 * q * pf_pairs,
-            2.0 * P * q * a + 2.0 * kv * c * (P + pf_kv),
-            # attention_decode: the same per pair; one query per sequence reads that sequence's whole KV cache
-            4.0 * q * dec_kv,
-            2.0 * D * q * a + 2.0 * kv * c * (D + dec_kv),
-            # o_proj: [T x q] @ [q x H]
-            2.0 * T * q * H,
-            q * H * w + T * (q + H) * a,
-            # mlp_gate_up: [R x H] @ [H x up] for each expert hit (+ router); weights of the X experts hit read once
-            2.0 * R * H * up + router_flops,
-            X * H * up * w + R * (H + up) * a + router_bytes,
-            # mlp_act: SiLU(gate) * up (or GELU(up)) over R x I outputs
-            act_flops * R * I,
-            act_io * R * I * a,
-            # mlp_down: [R x I] @ [I x H]
-            2.0 * R * I * H,
-            X * I * H * w + R * (I + H) * a,
-            # final_norm: once, over all T tokens
-            norm_flops,
-            norm_bytes,
-            # lm_head: only the S sampling sequences' last hidden states, [S x H] @ [H x V/tp], unquantized
-            2.0 * S * H * V,
-            H * V * a + S * (H + V) * a,
+        consts = np.zeros(f.NUM_CONSTS)
+        consts[[f.H, f.Q, f.KV, f.MLP, f.V, f.E, f.K]] = (
+            self._H,
+            self._q,
+            self._kv,
+            self._I,
+            self._V,
+            self._E,
+            self._k,
         )
-
-    def _kernel_times(self, work: tuple[float, ...]) -> list[tuple[float, float]]:
-        """(compute-limited, memory-limited) seconds of one instance of each kernel: size / (peak x eff(size)), which
-        with eff(n) = max n / (n + half) is (size + half) / (peak x max); an empty kernel costs nothing."""
-        out = []
-        for i, (_, crate, chalf, mrate, mhalf) in enumerate(self._params):
-            f, b = work[2 * i], work[2 * i + 1]
-            out.append(((f + chalf) / crate if f > 0.0 else 0.0, (b + mhalf) / mrate if b > 0.0 else 0.0))
-        return out
-
-    def _communication(self, T: float) -> tuple[float, float]:
-        """(seconds, bytes per call) of the iteration's all-reduces: each carries the [T x H] activations;
-        a ring all-reduce takes latency + 2 (tp-1)/tp x (bytes + half) / (link bandwidth x max)."""
-        if not self._n_allreduce or T <= 0.0:
-            return 0.0, 0.0
-        message = T * self._H * self._a
-        per_call = self._ar_latency + self._ring * (message + self._ar_half) / self._ar_rate
-        return self._n_allreduce * per_call, message
-
-    def _total(self, sums: tuple[float, float, float, float, float, float, float, int]) -> float:
-        """The iteration time (s). The kernel-time formula is ``_kernel_times``'s, inlined for speed (the tests check
-        that the two agree)."""
-        T = sums[0]
-        if T <= 0.0:
-            return 0.0  # nothing to run: no iteration
-        work = self._work(T, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6])
-        gpu = 0.0
-        i = 0
-        for count, crate, chalf, mrate, mhalf in self._params:
-            f = work[i]
-            b = work[i + 1]
-            i += 2
-            tc = (f + chalf) / crate if f > 0.0 else 0.0
-            tm = (b + mhalf) / mrate if b > 0.0 else 0.0
-            gpu += count * (tc if tc >= tm else tm)
-        if self._n_allreduce:
-            gpu += self._communication(T)[0]
-        return gpu + self._per_iteration + self._per_sequence * sums[7]
+        consts[[f.MOE, f.GATED, f.BIAS]] = (float(self._moe), float(self._gated), float(self._bias))
+        consts[[f.A, f.W, f.C]] = (self._a, self._w, self._c)
+        consts[f.WINDOW] = -1.0 if self._window is None else float(self._window)
+        # all-reduces: after attention and after the MLP in each layer, and after the (vocab-parallel) embedding
+        consts[f.N_ALLREDUCE] = 2 * self._L + 1 if tp > 1 else 0
+        consts[f.RING] = 2.0 * (tp - 1) / tp  # ring all-reduce: each GPU sends and receives 2(n-1)/n of the message
+        consts[f.AR_RATE] = hardware.link_bandwidth * comm.bandwidth.max
+        consts[f.AR_HALF] = comm.bandwidth.half_size
+        consts[f.AR_LATENCY] = comm.latency_s.value
+        consts[f.PER_ITERATION] = ov.per_iteration_s.value + ov.per_layer_s.value * self._L
+        consts[f.PER_SEQUENCE] = ov.per_sequence_s.value
+        self._consts = consts
+        self._args = (consts, self._kernel_params)
 
     # ----------------------------------------------------------------------------------------------------------------
-    # public
+    # public (the formulas themselves are in costmodel.formulas, shared with the simulator's compiled engine)
 
     def iteration_time(self, shape: IterationShape) -> float:
-        """Predicted wall time of one iteration (s); 0 for an empty shape. Fast: a few numpy sums, then scalars."""
-        return self._total(self._sums(shape))
+        """Predicted wall time of one iteration (s); 0 for an empty shape."""
+        return f.iteration_time(
+            self._args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled
+        )
+
+    def compiled(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+        """``(fn, args)`` for compiled callers: ``fn(args, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)``
+        is ``iteration_time`` as a numba function."""
+        return f.iteration_time, self._args
+
+    def _sums(self, shape: IterationShape) -> tuple[float, float, float, float, float, float, float, float]:
+        return f.shape_sums(self._consts, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled)
 
     def kernels(self, shape: IterationShape) -> list[KernelCost]:
         """Every kernel of the iteration with its per-instance FLOPs, bytes and times (no overheads)."""
         sums = self._sums(shape)
-        work = self._work(*sums[:7])
-        times = self._kernel_times(work)
+        work = f.kernel_work(self._consts, *sums[:7])
         out = []
-        for i, ((name, op, op_class, _, _), (count, crate, _, mrate, _), (tc, tm)) in enumerate(
-            zip(KERNELS, self._params, times, strict=True)
-        ):
-            f, b = work[2 * i], work[2 * i + 1]
-            bound = "compute" if f * mrate >= b * crate else "memory"  # f / crate >= b / mrate
-            out.append(KernelCost(name, op, op_class, count, f, b, tc, tm, bound))
+        for i, ((name, op, op_class, _, _), row) in enumerate(zip(KERNELS, self._kernel_params, strict=True)):
+            flops, nbytes = float(work[2 * i]), float(work[2 * i + 1])
+            tc, tm = f.kernel_time(flops, nbytes, row)
+            bound = "compute" if flops * row[f.M_RATE] >= nbytes * row[f.C_RATE] else "memory"
+            out.append(KernelCost(name, op, op_class, int(row[f.COUNT]), flops, nbytes, tc, tm, bound))
         return out
 
     def explain(self, shape: IterationShape) -> IterationBreakdown:
@@ -413,22 +272,22 @@ class CostModel:
                 acc[2] += k.count * k.time_s
                 acc[3] += k.count * k.time_s if k.bound == "compute" else 0.0
         op_costs = tuple(
-            OpCost(name, f, b, t, "compute" if tc > t - tc else "memory")
-            for name, (f, b, t, tc) in ops.items()
-            if f > 0.0 or b > 0.0
+            OpCost(name, fl, b, t, "compute" if tc > t - tc else "memory")
+            for name, (fl, b, t, tc) in ops.items()
+            if fl > 0.0 or b > 0.0
         )
-        comm_s, message = self._communication(T)
-        calls = self._n_allreduce if comm_s > 0.0 else 0
-        overhead = self._per_iteration + self._per_sequence * sums[7] if T > 0.0 else 0.0
+        comm_s, message = f.allreduce(self._consts, T)
+        calls = int(self._consts[f.N_ALLREDUCE]) if comm_s > 0.0 else 0
+        overhead = self._consts[f.PER_ITERATION] + self._consts[f.PER_SEQUENCE] * sums[7] if T > 0.0 else 0.0
         return IterationBreakdown(
-            time_s=self._total(sums),
+            time_s=f.time_of_sums(self._consts, self._kernel_params, sums),
             ops=op_costs,
             communication_s=comm_s,
             communication_bytes=calls * message,
             all_reduces=calls,
-            overhead_s=overhead,
+            overhead_s=float(overhead),
             num_tokens=int(T),
-            num_seqs=sums[7],
+            num_seqs=int(sums[7]),
             num_sampled=int(sums[3]),
         )
 
