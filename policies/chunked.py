@@ -7,8 +7,11 @@ first chunk cut to the budget left. ``long_prefill_token_threshold`` (if > 0) ca
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
+
+from policies import compiled
 from policies.base import BatchBuilder, admit_waiting, register, schedule_decodes, schedule_partial_prefills
 from policies.config import SchedulerConfig
 from sim.state import Batch, SchedulerState, Wait
@@ -27,6 +30,12 @@ class ChunkedPrefill:
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ChunkedPrefill:
         return cls(config.max_num_seqs, config.token_budget, config.long_prefill_token_threshold)
+
+    def compiled(self) -> tuple[Any, np.ndarray]:
+        """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
+        return compiled.schedule_chunked, compiled.params_array(
+            self.max_num_seqs, self.max_num_batched_tokens, self.chunk_cap
+        )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         batch = BatchBuilder(self.max_num_batched_tokens)

@@ -10,8 +10,11 @@ preempted by recompute.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
+
+from policies import compiled
 from policies.base import BatchBuilder, admit_waiting, register, schedule_decodes
 from policies.config import SchedulerConfig
 from sim.state import Batch, SchedulerState, Wait
@@ -29,6 +32,12 @@ class ContinuousBatching:
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ContinuousBatching:
         return cls(config.max_num_seqs, config.token_budget, config.mix_prefill_decode)
+
+    def compiled(self) -> tuple[Any, np.ndarray]:
+        """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
+        return compiled.schedule_continuous, compiled.params_array(
+            self.max_num_seqs, self.max_num_batched_tokens, float(self.mix_prefill_decode)
+        )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         batch = BatchBuilder(self.max_num_batched_tokens)

@@ -7,8 +7,11 @@ the largest preferred size that can be formed leaves at once.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
+
+from policies import compiled
 from policies.base import register
 from policies.config import SchedulerConfig
 from policies.static import StaticBatching
@@ -34,6 +37,13 @@ class DynamicBatching(StaticBatching):
     def from_config(cls, config: SchedulerConfig) -> DynamicBatching:
         return cls(
             config.max_batch_size, config.max_delay_ms / 1e3, config.preferred_batch_sizes, config.static_reserve
+        )
+
+    def compiled(self) -> tuple[Any, np.ndarray]:
+        """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
+        reserve = float(self.reserve == "max_model_len")
+        return compiled.schedule_static, compiled.params_array(
+            self.max_batch_size, reserve, 1.0, self.max_delay_s, *self.preferred
         )
 
     def deadline(self, state: SchedulerState) -> float:

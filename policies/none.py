@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
+
+from policies import compiled
 from policies.base import BatchBuilder, register
 from policies.config import SchedulerConfig
 from sim.state import Batch, SchedulerState, Wait
@@ -16,6 +19,10 @@ class NoBatching:
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> NoBatching:
         return cls()
+
+    def compiled(self) -> tuple[Any, np.ndarray]:
+        """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
+        return compiled.schedule_none, compiled.params_array()
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         if not state.running:

@@ -10,8 +10,11 @@ would not fit is cut to what fits.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
+
+from policies import compiled
 from policies.base import BatchBuilder, register
 from policies.config import SchedulerConfig
 from sim.request import Status
@@ -29,6 +32,12 @@ class StaticBatching:
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> StaticBatching:
         return cls(max_batch_size=config.max_batch_size, reserve=config.static_reserve)
+
+    def compiled(self) -> tuple[Any, np.ndarray]:
+        """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
+        return compiled.schedule_static, compiled.params_array(
+            self.max_batch_size, float(self.reserve == "max_model_len"), 0.0, 0.0
+        )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         if state.running and not any(state.reqs.status[r] == Status.RUNNING for r in state.running):

@@ -12,12 +12,13 @@ with it against wall time.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 import simpy
 
 from costmodel.shape import IterationShape
+from sim.fast_engine import simulate_compiled
 from sim.kvcache import KVCacheManager
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
@@ -61,11 +62,22 @@ def decide(state: SchedulerState, policy: Scheduler, now: float) -> Batch | floa
             return wake
 
 
+PROGRESS_EVERY = 5000  # iterations between progress calls on the reference engine
+
+
 def replica(
-    env: simpy.Environment, state: SchedulerState, policy: Scheduler, timer: IterationTimer
+    env: simpy.Environment,
+    state: SchedulerState,
+    policy: Scheduler,
+    timer: IterationTimer,
+    on_progress: Callable[[float], None] | None = None,
 ) -> Generator[simpy.Event, Any, None]:
     """The replica process: decide, run, account; or wait."""
+    turns = 0
     while True:
+        turns += 1
+        if on_progress is not None and turns % PROGRESS_EVERY == 0:
+            on_progress(env.now)
         now = env.now
         action = decide(state, policy, now)
         if action is None:
@@ -81,20 +93,39 @@ def replica(
             yield env.timeout(action - now)
 
 
+ENGINES = ("auto", "compiled", "reference")
+
+
 def simulate(
     requests: RequestTable,
     policy: Scheduler,
     timer: IterationTimer,
     kv: KVCacheManager,
     max_model_len: int,
+    engine: str = "auto",
+    exact_itl: bool | None = None,
+    on_progress: Callable[[float], None] | None = None,
 ) -> RunRecords:
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
-    The request table is the run's state and ends up in its records: give each run a new one."""
+    ``engine``: ``reference`` runs the policy object on this module's SimPy loop; ``compiled`` runs its numba twin
+    (``policy.compiled()``) on ``sim.fast_engine``'s loop with the cost model's compiled timer (``timer.compiled()``),
+    to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl`` keeps every token gap
+    (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``). ``on_progress(now)`` is called
+    now and then with the simulated clock. The request table is the run's state and ends up in its records: give
+    each run a new one."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if (requests.status != Status.PENDING).any() or requests.computed.any():
         raise ValueError("this RequestTable has already been simulated; build a new one for each run")
-    state = SchedulerState(requests, kv, max_model_len)
+    kernel = getattr(policy, "compiled", None)
+    timing = getattr(timer, "compiled", None)
+    if engine == "compiled" and (kernel is None or timing is None):
+        raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
+    if engine != "reference" and kernel is not None and timing is not None:
+        return simulate_compiled(requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress)
+    state = SchedulerState(requests, kv, max_model_len, exact_itl)
     env = simpy.Environment()
-    env.process(replica(env, state, policy, timer))
+    env.process(replica(env, state, policy, timer, on_progress))
     env.run()
     return state.records

@@ -57,16 +57,22 @@ def request_frame(records: RunRecords) -> pd.DataFrame:
 
 def _stats(prefix: str, values_s: FloatArray) -> dict[str, float | None]:
     """mean/median/std/p90/p99 of ``values_s`` (seconds) as ``{stat}_{prefix}_ms``."""
-    v = values_s[~np.isnan(values_s)] * 1e3
+    v = values_s[~np.isnan(values_s)]
     if not len(v):
+        return _named(prefix, None)
+    return _named(prefix, (float(v.mean()), float(v.std()), [float(x) for x in np.percentile(v, [50, 90, 99])]))
+
+
+def _named(prefix: str, stats: tuple[float, float, list[float]] | None) -> dict[str, float | None]:
+    if stats is None:
         return {f"{k}_{prefix}_ms": None for k in ("mean", "median", "std", "p90", "p99")}
-    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    mean, std, (p50, p90, p99) = stats
     return {
-        f"mean_{prefix}_ms": float(v.mean()),
-        f"median_{prefix}_ms": float(p50),
-        f"std_{prefix}_ms": float(v.std()),
-        f"p90_{prefix}_ms": float(p90),
-        f"p99_{prefix}_ms": float(p99),
+        f"mean_{prefix}_ms": mean * 1e3,
+        f"median_{prefix}_ms": p50 * 1e3,
+        f"std_{prefix}_ms": std * 1e3,
+        f"p90_{prefix}_ms": p90 * 1e3,
+        f"p99_{prefix}_ms": p99 * 1e3,
     }
 
 
@@ -144,7 +150,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
         out["goodput_slos_ms"] = dict(goodput)
     out.update(_stats("ttft", ttft))
     out.update(_stats("tpot", tpot))
-    out.update(_stats("itl", records.itl.values()))
+    out.update(_named("itl", records.itl.stats((50, 90, 99))))
     out.update(_stats("e2el", e2el))
     out.update(_stats("queueing", frame["queueing_s"].to_numpy()[done]))
     # the vLLM paper's normalized latency: each request's end-to-end latency divided by its output tokens
@@ -186,7 +192,8 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "total_preemptions": int(r.preemptions.sum()),
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
-            "itl_kept": "exact",
+            "itl_kept": records.itl.describe(),
+            "engine": records.engine,
         }
     )
     return out

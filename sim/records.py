@@ -1,22 +1,30 @@
 """What a run leaves behind: one row per iteration, the token gaps, and the request table.
 
-Metrics are derived from these afterwards (``sim.metrics``); nothing here summarises.
+Metrics are derived from these afterwards (``sim.metrics``); nothing here summarises. Both engines (the reference
+SimPy loop and the compiled one) write the same records, through the same code where they could differ in the last bit
+(``add_gaps`` for the token gaps).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+from numba import njit
 
 from sim.request import RequestTable
 
+FloatArray = npt.NDArray[np.float64]
+
 # One row per iteration. Times in seconds; counts in sequences, tokens or blocks as named.
-ITERATION_COLUMNS = (
+TIME_COLUMNS = (
     "start",  # when the iteration began (s)
     "end",  # when it ended (s)
+)
+COUNT_COLUMNS = (
     "prefill_seqs",  # sequences computing prompt (or recompute) tokens (count)
     "prefill_tokens",  # prompt tokens computed (tokens)
     "decode_seqs",  # sequences taking a one-token decode step (count)
@@ -28,49 +36,140 @@ ITERATION_COLUMNS = (
     "preempted",  # requests preempted while this iteration was scheduled (count)
     "finished",  # requests whose last token this iteration made (count)
 )
-_COL = {name: k for k, name in enumerate(ITERATION_COLUMNS)}
+ITERATION_COLUMNS = TIME_COLUMNS + COUNT_COLUMNS
 
 
 class IterationLog:
-    """Rows of ``ITERATION_COLUMNS`` in a growable float64 block (no per-row Python objects)."""
+    """Rows of ``ITERATION_COLUMNS``: a growable float64 block of times and an int32 block of counts (no per-row
+    Python objects; 48 bytes an iteration)."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        self._rows = np.zeros((capacity, len(ITERATION_COLUMNS)))
+        self.times = np.zeros((capacity, len(TIME_COLUMNS)))
+        self.counts = np.zeros((capacity, len(COUNT_COLUMNS)), dtype=np.int32)
         self.n = 0
 
-    def append(self, row: tuple[float, ...]) -> None:
-        if self.n == len(self._rows):
-            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
-        self._rows[self.n] = row
+    @classmethod
+    def from_arrays(cls, times: FloatArray, counts: npt.NDArray[np.int32], n: int) -> IterationLog:
+        log = cls(0)
+        log.times, log.counts, log.n = times, counts, n
+        return log
+
+    def append(self, start: float, end: float, counts: tuple[int, ...]) -> None:
+        if self.n == len(self.times):
+            self.grow()
+        self.times[self.n] = (start, end)
+        self.counts[self.n] = counts
         self.n += 1
+
+    def grow(self) -> None:
+        """Double the capacity."""
+        extra = max(len(self.times), 1024)
+        self.times = np.concatenate([self.times, np.zeros((extra, self.times.shape[1]))])
+        self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), dtype=np.int32)])
 
     def __len__(self) -> int:
         return self.n
 
-    def column(self, name: str) -> npt.NDArray[np.float64]:
-        return self._rows[: self.n, _COL[name]]
+    def column(self, name: str) -> npt.NDArray[np.float64] | npt.NDArray[np.int32]:
+        if name in TIME_COLUMNS:
+            return self.times[: self.n, TIME_COLUMNS.index(name)]
+        return self.counts[: self.n, COUNT_COLUMNS.index(name)]
 
     def to_frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self._rows[: self.n], columns=list(ITERATION_COLUMNS))
-        for name in ITERATION_COLUMNS[2:]:
-            frame[name] = frame[name].astype(np.int64)
-        return frame
+        columns: dict[str, np.ndarray] = {name: self.column(name) for name in TIME_COLUMNS}
+        columns |= {name: self.column(name).astype(np.int64) for name in COUNT_COLUMNS}
+        return pd.DataFrame(columns)
+
+
+# ---- inter-token gaps ------------------------------------------------------------------------------------------------
+# Exact: every gap, 8 bytes a token. Histogram: counts in log-spaced buckets from HIST_MIN_S by a factor HIST_RATIO,
+# so any quantile read from it is within HIST_REL_ERROR of a gap of that rank (the bucket's geometric middle against
+# its ends); count, mean and standard deviation stay exact (running sums).
+HIST_MIN_S = 1e-7
+HIST_RATIO = 1.01
+HIST_BUCKETS = int(math.ceil(math.log(1e5 / HIST_MIN_S) / math.log(HIST_RATIO))) + 1
+HIST_REL_ERROR = math.sqrt(HIST_RATIO) - 1  # 0.5%
+EXACT_GAPS_LIMIT = 20_000_000  # runs with more gaps than this keep the histogram (160 MB of exact gaps)
+
+# the running sums of ``ItlLog.sums``
+SUM, SUM_SQ, COUNT = 0, 1, 2
+
+
+@njit(cache=True)
+def gap_bucket(gap: float) -> int:
+    """Histogram bucket of a gap (s)."""
+    if gap <= HIST_MIN_S:
+        return 0
+    b = int(math.floor(math.log(gap / HIST_MIN_S) / math.log(HIST_RATIO)))
+    return min(b, HIST_BUCKETS - 1)
+
+
+@njit(cache=True)
+def add_gap(gap: float, sums: FloatArray, hist: npt.NDArray[np.int64], exact: FloatArray) -> None:
+    """Record one gap: running sums always, then the exact array if it has room for all gaps, else the histogram."""
+    k = int(sums[COUNT])
+    sums[SUM] += gap
+    sums[SUM_SQ] += gap * gap
+    sums[COUNT] += 1.0
+    if hist.shape[0] == 0:
+        exact[k] = gap
+    else:
+        hist[gap_bucket(gap)] += 1
+
+
+@njit(cache=True)
+def add_gaps(gaps: FloatArray, sums: FloatArray, hist: npt.NDArray[np.int64], exact: FloatArray) -> None:
+    for g in gaps:
+        add_gap(g, sums, hist, exact)
 
 
 class ItlLog:
     """Inter-token gaps (s): for every output token after a request's first, the time since its previous token.
 
-    Kept exactly, as numpy chunks (8 bytes per token)."""
+    ``capacity`` is how many gaps the run can make at most (its requests' output tokens minus one each); up to
+    ``EXACT_GAPS_LIMIT`` they are kept exactly, beyond that as a fixed-error histogram (``exact`` says which)."""
 
-    def __init__(self) -> None:
-        self._chunks: list[npt.NDArray[np.float64]] = []
+    def __init__(self, capacity: int, exact: bool | None = None) -> None:
+        self.exact = capacity <= EXACT_GAPS_LIMIT if exact is None else exact
+        self.sums = np.zeros(3)  # SUM, SUM_SQ, COUNT
+        self.gaps = np.zeros(capacity if self.exact else 0)
+        self.hist = np.zeros(0 if self.exact else HIST_BUCKETS, dtype=np.int64)
 
-    def add(self, gaps: npt.NDArray[np.float64]) -> None:
+    def add(self, gaps: FloatArray) -> None:
         if len(gaps):
-            self._chunks.append(gaps)
+            add_gaps(gaps, self.sums, self.hist, self.gaps)
 
-    def values(self) -> npt.NDArray[np.float64]:
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0)
+    @property
+    def count(self) -> int:
+        return int(self.sums[COUNT])
+
+    def values(self) -> FloatArray:
+        """Every gap, in the order they were made (exact logs only)."""
+        if not self.exact:
+            raise ValueError("this run kept its token gaps as a histogram; use stats()")
+        return self.gaps[: self.count]
+
+    def describe(self) -> str:
+        return "exact" if self.exact else f"histogram (quantiles within {HIST_REL_ERROR:.1%})"
+
+    def stats(self, percentiles: tuple[float, ...]) -> tuple[float, float, list[float]] | None:
+        """(mean, std, [percentile values]) in seconds, or None without gaps. Exact logs compute them from the gaps;
+        histograms take mean and std from the running sums and each percentile from its bucket's geometric middle."""
+        n = self.count
+        if n == 0:
+            return None
+        if self.exact:
+            v = self.values()
+            return float(v.mean()), float(v.std()), [float(x) for x in np.percentile(v, percentiles)]
+        mean = self.sums[SUM] / n
+        var = max(self.sums[SUM_SQ] / n - mean * mean, 0.0)
+        cum = np.cumsum(self.hist)
+        out = []
+        for p in percentiles:
+            rank = p / 100 * (n - 1)  # the (0-based) rank numpy's linear percentile centres on
+            b = int(np.searchsorted(cum, rank + 1 - 1e-9))
+            out.append(HIST_MIN_S * HIST_RATIO ** (b + 0.5))
+        return float(mean), float(math.sqrt(var)), out
 
 
 @dataclass
@@ -78,8 +177,9 @@ class RunRecords:
     """Everything a run recorded: the requests' columns, the iterations and the token gaps."""
 
     requests: RequestTable
+    itl: ItlLog
     iterations: IterationLog = field(default_factory=IterationLog)
-    itl: ItlLog = field(default_factory=ItlLog)
     request_ids: npt.NDArray[np.object_] | None = None  # external ids for requests.csv (default: row number)
     kv_num_blocks: int = 0  # KV-cache capacity of the replica (blocks)
     kv_block_size: int = 0  # tokens per block
+    engine: str = "reference"  # which engine ran: "reference" (Python policies on SimPy) or "compiled"

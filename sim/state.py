@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from costmodel.shape import IterationShape
 from sim.kvcache import KVCacheManager
-from sim.records import RunRecords
+from sim.records import ItlLog, RunRecords
 from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
@@ -54,17 +54,29 @@ class Wait:
     until: float | None = None
 
 
+def max_gaps(requests: RequestTable) -> int:
+    """The most inter-token gaps a run can make: each request's output tokens but its first."""
+    return int(np.maximum(requests.output_wanted - 1, 0).sum())
+
+
 class SchedulerState:
     """The replica's queues and requests, as a policy sees them."""
 
-    def __init__(self, requests: RequestTable, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, exact_itl: bool | None = None
+    ) -> None:
         self.reqs = requests
         self.kv = kv
         self.max_model_len = int(max_model_len)
         self.now = 0.0  # seconds, set by the caller before each decision
         self.waiting: deque[int] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[int] = []  # seated requests, in admission order (the last is preempted first)
-        self.records = RunRecords(requests=requests, kv_num_blocks=kv.num_blocks, kv_block_size=kv.block_size)
+        self.records = RunRecords(
+            requests=requests,
+            itl=ItlLog(max_gaps(requests), exact_itl),
+            kv_num_blocks=kv.num_blocks,
+            kv_block_size=kv.block_size,
+        )
         self._arrived = 0  # requests [0, _arrived) have arrived
         self._admissions = 0
         self._preempted_since_batch = 0
@@ -201,9 +213,9 @@ class SchedulerState:
                 self.running = [r for r in self.running if r not in gone]
                 self.unfinished -= len(done)
         self.records.iterations.append(
+            start,
+            end,
             (
-                start,
-                end,
                 len(shape.prefill_new),
                 shape.num_prefill_tokens,
                 shape.num_decode_seqs,
@@ -214,6 +226,6 @@ class SchedulerState:
                 len(self.waiting),
                 self._preempted_since_batch,
                 len(done),
-            )
+            ),
         )
         self._preempted_since_batch = 0

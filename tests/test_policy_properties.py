@@ -46,11 +46,12 @@ def scenarios(draw: st.DrawFn) -> dict:
     }
 
 
-def _simulate(sc: dict):
+def _simulate(sc: dict, engine: str = "reference"):
     reqs = make_requests(sc["arrivals"], sc["prompts"], sc["outputs"])
     kv = KVCacheManager(sc["kv_blocks"], sc["block_size"], len(reqs))
     cfg = sc["config"]
-    records = simulate(reqs, policies.get(cfg), LinearTimer(0.01, 1e-3, 1e-5), kv, cfg.max_model_len)
+    timer = LinearTimer(0.01, 1e-3, 1e-5)
+    records = simulate(reqs, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine)
     return reqs, kv, records
 
 
@@ -114,3 +115,15 @@ def test_same_input_same_records(sc: dict) -> None:
     _, _, second = _simulate(sc)
     assert request_frame(first).equals(request_frame(second))
     assert first.iterations.to_frame().equals(second.iterations.to_frame())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_the_compiled_engine_gives_the_reference_records_to_the_last_bit(sc: dict) -> None:
+    _, kv_ref, reference = _simulate(sc, "reference")
+    _, kv_fast, fast = _simulate(sc, "compiled")
+    assert fast.engine == "compiled" and reference.engine == "reference"
+    assert request_frame(fast).equals(request_frame(reference))
+    assert fast.iterations.to_frame().equals(reference.iterations.to_frame())
+    assert np.array_equal(fast.itl.values(), reference.itl.values())
+    assert (kv_fast.held == kv_ref.held).all() and kv_fast.used == kv_ref.used == 0
