@@ -24,18 +24,24 @@ from numba import njit
 from sim.fast_state import (
     B_LEN,
     BLOCK_SIZE,
+    DEC_CTX,
     MAX_MODEL_LEN,
     N_ITERS,
     NUM_BLOCKS,
     NUM_SCALARS,
+    NUM_WK,
+    PF_CTX,
+    PF_NEW,
     UNFINISHED,
+    USED,
     WATERMARK,
-    FastState,
     build_shape,
     complete,
     next_arrival,
+    pack,
     receive_arrivals,
     reject_stalled,
+    unpack,
 )
 from sim.kvcache import KVCacheManager
 from sim.records import IterationLog, ItlLog, RunRecords
@@ -49,7 +55,11 @@ SEGMENT_ITERATIONS = 200_000
 
 @njit(cache=True)
 def run_segment(
-    st: FastState,
+    ri: np.ndarray,
+    rf: np.ndarray,
+    wk: np.ndarray,
+    sc: np.ndarray,
+    logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     schedule: Any,
     params: np.ndarray,
     timer: Any,
@@ -59,119 +69,102 @@ def run_segment(
     max_iterations: int,
 ) -> tuple[int, float]:
     """Run from ``now`` until every request has ended, or the clock reaches ``stop_at``, or ``max_iterations``
-    iterations have run, or the iteration log is full. Returns (what ended it, the clock)."""
+    iterations have run, or the iteration log is full. Returns (what ended it, the clock). ``logs`` is
+    ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts)``."""
+    itl_sums, itl_hist, itl_gaps, log_times, log_counts = logs
     iterations = 0
     while True:
-        if st.sc[N_ITERS] >= st.log_times.shape[0]:
+        if sc[N_ITERS] >= log_times.shape[0]:
             return LOG_FULL, now  # before deciding anything: the caller grows the log and calls again
         wake = now
         # decide (sim.engine.decide)
         while True:
-            receive_arrivals(st, now)
-            if st.sc[UNFINISHED] == 0:
+            receive_arrivals(ri, rf, wk, sc, now)
+            if sc[UNFINISHED] == 0:
                 return DONE, now
-            until = schedule(st, params, now)
-            if st.sc[B_LEN] > 0:
+            until = schedule(ri, rf, wk, sc, params, now)
+            if sc[B_LEN] > 0:
                 break
-            if st.sc[UNFINISHED] == 0:
+            if sc[UNFINISHED] == 0:
                 return DONE, now
             if until <= now:
                 return BAD_WAIT, now
-            wake = min(until, next_arrival(st))
+            wake = min(until, next_arrival(rf, sc))
             if wake == math.inf:
-                reject_stalled(st)
+                reject_stalled(ri, wk, sc)
                 return DONE, now
             if wake > now:
                 break
-        if st.sc[B_LEN] == 0:  # sleep until wake
+        if sc[B_LEN] == 0:  # sleep until wake
             now = now + (wake - now)
         else:  # run the batch
-            n_pf, n_dec, sampled = build_shape(st)
-            duration = timer(timer_args, st.pf_new[:n_pf], st.pf_ctx[:n_pf], st.dec_ctx[:n_dec], sampled)
+            n_pf, n_dec, sampled = build_shape(ri, wk, sc)
+            duration = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled)
             if not duration > 0.0:
                 return BAD_DURATION, now
             end = now + duration
-            complete(st, n_pf, n_dec, now, end)
+            complete(ri, rf, wk, sc, n_pf, n_dec, now, end, itl_sums, itl_hist, itl_gaps, log_times, log_counts)
             now = end
             iterations += 1
         if now >= stop_at or iterations >= max_iterations:
             return PAUSED, now
 
 
-def make_state(requests: RequestTable, kv: KVCacheManager, max_model_len: int, itl: ItlLog) -> FastState:
-    n = len(requests)
-    sc = np.zeros(NUM_SCALARS, dtype=np.int64)
-    sc[NUM_BLOCKS], sc[BLOCK_SIZE], sc[WATERMARK] = kv.num_blocks, kv.block_size, kv.watermark_blocks
-    sc[MAX_MODEL_LEN], sc[UNFINISHED] = max_model_len, n
-    log = IterationLog(capacity=max(1024, 2 * n))
-    ints = lambda: np.zeros(max(n, 1), dtype=np.int64)  # noqa: E731
-    return FastState(
-        requests.arrival,
-        requests.prompt,
-        requests.output_wanted,
-        requests.computed,
-        requests.generated,
-        requests.status,
-        requests.reason,
-        requests.preemptions,
-        requests.recomputed,
-        requests.admit_order,
-        requests.first_scheduled,
-        requests.first_token,
-        requests.last_token,
-        requests.finish,
-        requests.response,
-        kv.held,
-        ints(),  # waiting
-        ints(),  # running
-        ints(),  # batch_ids
-        ints(),  # batch_new
-        np.full(max(n, 1), -1, dtype=np.int64),  # stamp
-        ints(),  # scratch
-        ints(),  # pf_new
-        ints(),  # pf_ctx
-        ints(),  # dec_ctx
-        sc,
-        itl.sums,
-        itl.hist,
-        itl.gaps,
-        log.times,
-        log.counts,
-    )
+class CompiledRun:
+    """The arrays of one compiled run, and the SimPy process that drives the loop over them."""
 
+    def __init__(self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, itl: ItlLog) -> None:
+        n = len(requests)
+        self.requests, self.kv, self.itl = requests, kv, itl
+        self.ri, self.rf = pack(requests, kv.held)
+        self.wk = np.zeros((NUM_WK, max(n, 1)), dtype=np.int64)
+        self.sc = np.zeros(NUM_SCALARS, dtype=np.int64)
+        self.sc[NUM_BLOCKS], self.sc[BLOCK_SIZE], self.sc[WATERMARK] = kv.num_blocks, kv.block_size, kv.watermark_blocks
+        self.sc[MAX_MODEL_LEN], self.sc[UNFINISHED] = max_model_len, n
+        self.log = IterationLog(capacity=max(1024, 2 * n))
 
-def compiled_replica(
-    env: simpy.Environment,
-    st: FastState,
-    policy: tuple[Any, np.ndarray],
-    timer: tuple[Any, Any],
-    on_segment: Callable[[float], None] | None = None,
-) -> Generator[simpy.Event, Any, FastState]:
-    """The replica process on the compiled loop: one SimPy timeout per segment. The loop's clock is the run's
-    clock (SimPy's follows it); returns the final state (a grown log replaces the arrays)."""
-    schedule, params = policy
-    fn, args = timer
-    now = float(env.now)
-    while True:
-        code, now = run_segment(st, schedule, params, fn, args, now, math.inf, SEGMENT_ITERATIONS)
-        if code == LOG_FULL:
-            st = _grow_log(st)
-        elif code == BAD_WAIT:
-            raise RuntimeError(f"the compiled policy asked to wait until a time not after {now}")
-        elif code == BAD_DURATION:
-            raise RuntimeError(f"the cost model gave a non-positive iteration time at {now}")
-        if now > env.now:
-            yield env.timeout(now - env.now)
-        if on_segment is not None:
-            on_segment(now)
-        if code == DONE:
-            return st
+    def process(
+        self,
+        env: simpy.Environment,
+        policy: tuple[Any, np.ndarray],
+        timer: tuple[Any, Any],
+        on_segment: Callable[[float], None] | None = None,
+    ) -> Generator[simpy.Event, Any, None]:
+        """The replica process on the compiled loop: one SimPy timeout per segment. The loop's clock is the run's
+        clock; SimPy's follows it."""
+        schedule, params = policy
+        fn, args = timer
+        now = float(env.now)
+        while True:
+            logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts)
+            code, now = run_segment(
+                self.ri, self.rf, self.wk, self.sc, logs, schedule, params, fn, args, now, math.inf, SEGMENT_ITERATIONS
+            )
+            if code == LOG_FULL:
+                self.log.grow()
+            elif code == BAD_WAIT:
+                raise RuntimeError(f"the compiled policy asked to wait until a time not after {now}")
+            elif code == BAD_DURATION:
+                raise RuntimeError(f"the cost model gave a non-positive iteration time at {now}")
+            if now > env.now:
+                yield env.timeout(now - env.now)
+            if on_segment is not None:
+                on_segment(now)
+            if code == DONE:
+                return
 
-
-def _grow_log(st: FastState) -> FastState:
-    log = IterationLog.from_arrays(st.log_times, st.log_counts, int(st.sc[N_ITERS]))
-    log.grow()
-    return st._replace(log_times=log.times, log_counts=log.counts)
+    def records(self) -> RunRecords:
+        unpack(self.ri, self.rf, self.requests, self.kv.held)
+        self.kv.used = int(self.sc[USED])
+        self.log.n = int(self.sc[N_ITERS])
+        return RunRecords(
+            requests=self.requests,
+            itl=self.itl,
+            iterations=self.log,
+            kv_num_blocks=self.kv.num_blocks,
+            kv_block_size=self.kv.block_size,
+            engine="compiled",
+        )
 
 
 def simulate_compiled(
@@ -185,19 +178,8 @@ def simulate_compiled(
 ) -> RunRecords:
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
     ``timer`` a cost model's ``compiled()`` pair."""
-    itl = ItlLog(max_gaps(requests), exact_itl)
-    st = make_state(requests, kv, max_model_len, itl)
+    run = CompiledRun(requests, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl))
     env = simpy.Environment()
-    process = env.process(compiled_replica(env, st, policy, timer, on_segment))
+    env.process(run.process(env, policy, timer, on_segment))
     env.run()
-    st = process.value  # type: ignore[assignment]
-    kv.used = int(st.sc[0])  # USED
-    iterations = IterationLog.from_arrays(st.log_times, st.log_counts, int(st.sc[N_ITERS]))
-    return RunRecords(
-        requests=requests,
-        itl=itl,
-        iterations=iterations,
-        kv_num_blocks=kv.num_blocks,
-        kv_block_size=kv.block_size,
-        engine="compiled",
-    )
+    return run.records()

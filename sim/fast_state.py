@@ -3,375 +3,400 @@
 
 Every function here mirrors a method of ``SchedulerState`` or ``KVCacheManager`` step for step (same order, same
 tie-breaks), so that a compiled policy (``policies.compiled``) on this state makes the very decisions its Python class
-makes on ``SchedulerState``; tests run both and compare the records to the last bit. The request columns are the
-``RequestTable``'s own arrays, written in place.
+makes on ``SchedulerState``; tests run both and compare the records to the last bit.
 
-The waiting queue is a ring buffer of request ids (FCFS; preempted requests go back to the front), the running set an
-array in admission order. Scalars live in ``sc`` (int64) at the indices named below.
+The state is four arrays, passed to every function as ``ri, rf, wk, sc`` (numba pays a reference count per array for
+a tuple argument, so they travel separately):
+- ``ri`` int64 ``[row, request]``: the request counters and the KV blocks each holds (rows ``PROMPT`` ...);
+- ``rf`` float64 ``[row, request]``: arrival and the timestamps (rows ``ARRIVAL`` ...);
+- ``wk`` int64 ``[row, slot]``: the waiting queue (a ring buffer, FCFS, preempted requests back at the front), the
+  running set (admission order), the batch being built, scratch space and the iteration's shape;
+- ``sc`` int64: scalars (``USED`` ...).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
 from sim.records import add_gap
-from sim.request import Reason, Status
+from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-# indices into FastState.sc
+# rows of ri
+PROMPT, OUTPUT, COMPUTED, GENERATED, STATUS, REASON, PREEMPTIONS, RECOMPUTED, ADMIT_ORDER, HELD, STAMP = range(11)
+NUM_RI = 11
+# rows of rf
+ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RESPONSE = range(6)
+NUM_RF = 6
+# rows of wk
+WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, PF_NEW, PF_CTX, DEC_CTX = range(8)
+NUM_WK = 8
+# indices of sc
 USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, W_HEAD, W_LEN, R_LEN, ARRIVED = range(8)
-ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE, B_LEN, B_HOLD, STAMP, MAX_MODEL_LEN, N_ITERS = range(8, 17)
+ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE, B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS = range(8, 17)
 NUM_SCALARS = 17
 
-PENDING, WAITING, RUNNING, HELD, FINISHED, REJECTED = (int(s) for s in Status)
-EMPTY, EXCEEDS_MAX_MODEL_LEN, EXCEEDS_KV_CACHE, STALLED = (
-    int(Reason.EMPTY),
-    int(Reason.EXCEEDS_MAX_MODEL_LEN),
-    int(Reason.EXCEEDS_KV_CACHE),
-    int(Reason.STALLED),
-)
+PENDING, WAITING, RUNNING, HELD_DONE, FINISHED, REJECTED = (int(s) for s in Status)
+EMPTY = int(Reason.EMPTY)
+EXCEEDS_MAX_MODEL_LEN = int(Reason.EXCEEDS_MAX_MODEL_LEN)
+EXCEEDS_KV_CACHE = int(Reason.EXCEEDS_KV_CACHE)
+STALLED = int(Reason.STALLED)
+
+_RI_COLUMNS = ("prompt", "output_wanted", "computed", "generated", "status", "reason", "preemptions", "recomputed",
+               "admit_order")  # fmt: skip
+_RF_COLUMNS = ("arrival", "first_scheduled", "first_token", "last_token", "finish", "response")
 
 
-class FastState(NamedTuple):
-    """Everything the compiled engine and compiled policies read and write."""
-
-    # request columns (the RequestTable's arrays)
-    arrival: FloatArray
-    prompt: IntArray
-    output_wanted: IntArray
-    computed: IntArray
-    generated: IntArray
-    status: npt.NDArray[np.int8]
-    reason: npt.NDArray[np.int8]
-    preemptions: npt.NDArray[np.int32]
-    recomputed: IntArray
-    admit_order: IntArray
-    first_scheduled: FloatArray
-    first_token: FloatArray
-    last_token: FloatArray
-    finish: FloatArray
-    response: FloatArray
-    held: IntArray  # KV blocks each request holds
-    waiting: IntArray  # ring buffer of request ids
-    running: IntArray  # request ids in admission order, R_LEN of them
-    batch_ids: IntArray  # the batch being built: request ids ...
-    batch_new: IntArray  # ... and the tokens each computes
-    stamp: IntArray  # per request: the STAMP of the batch it was last scheduled into
-    scratch: IntArray  # working space for policies (n entries)
-    pf_new: IntArray  # the iteration's shape: prefill chunks' new tokens ...
-    pf_ctx: IntArray  # ... and cached tokens before them ...
-    dec_ctx: IntArray  # ... and the decodes' cached tokens
-    sc: IntArray  # scalars, indexed by the constants above
-    itl_sums: FloatArray  # ItlLog.sums
-    itl_hist: npt.NDArray[np.int64]  # ItlLog.hist
-    itl_gaps: FloatArray  # ItlLog.gaps
-    log_times: FloatArray  # IterationLog.times
-    log_counts: npt.NDArray[np.int32]  # IterationLog.counts
+def pack(requests: RequestTable, held: IntArray) -> tuple[IntArray, FloatArray]:
+    """The request table (and the KV blocks each request holds) as the ``ri`` and ``rf`` blocks."""
+    n = len(requests)
+    ri = np.zeros((NUM_RI, n), dtype=np.int64)
+    for row, name in enumerate(_RI_COLUMNS):
+        ri[row] = getattr(requests, name)
+    ri[HELD] = held
+    ri[STAMP] = -1
+    rf = np.zeros((NUM_RF, n))
+    for row, name in enumerate(_RF_COLUMNS):
+        rf[row] = getattr(requests, name)
+    return ri, rf
 
 
-# ---- KV cache (KVCacheManager) ---------------------------------------------------------------------------------------
+def unpack(ri: IntArray, rf: FloatArray, requests: RequestTable, held: IntArray) -> None:
+    """Write the blocks back into the request table's own arrays (and the KV manager's); the inputs (lengths and
+    arrivals) are not written, they did not change."""
+    for row, name in enumerate(_RI_COLUMNS):
+        if row not in (PROMPT, OUTPUT):
+            getattr(requests, name)[:] = ri[row]
+    for row, name in enumerate(_RF_COLUMNS):
+        if row != ARRIVAL:
+            getattr(requests, name)[:] = rf[row]
+    held[:] = ri[HELD]
+
+
+# ---- KV cache (KVCacheManager) -------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def blocks_for(st: FastState, tokens: int) -> int:
-    return -(-tokens // st.sc[BLOCK_SIZE])
+def blocks_for(sc: IntArray, tokens: int) -> int:
+    return -(-tokens // sc[BLOCK_SIZE])
 
 
 @njit(cache=True)
-def kv_extra(st: FastState, req: int, tokens: int) -> int:
-    return max(0, blocks_for(st, tokens) - st.held[req])
+def kv_extra(ri: IntArray, sc: IntArray, req: int, tokens: int) -> int:
+    return max(0, blocks_for(sc, tokens) - ri[HELD, req])
 
 
 @njit(cache=True)
-def kv_can_allocate(st: FastState, req: int, tokens: int, admission: bool) -> bool:
-    reserve = st.sc[WATERMARK] if admission else 0
-    return kv_extra(st, req, tokens) <= st.sc[NUM_BLOCKS] - st.sc[USED] - reserve
+def kv_can_allocate(ri: IntArray, sc: IntArray, req: int, tokens: int, admission: bool) -> bool:
+    reserve = sc[WATERMARK] if admission else 0
+    return kv_extra(ri, sc, req, tokens) <= sc[NUM_BLOCKS] - sc[USED] - reserve
 
 
 @njit(cache=True)
-def kv_allocate(st: FastState, req: int, tokens: int, admission: bool) -> bool:
-    extra = kv_extra(st, req, tokens)
-    reserve = st.sc[WATERMARK] if admission else 0
-    if extra > st.sc[NUM_BLOCKS] - st.sc[USED] - reserve:
+def kv_allocate(ri: IntArray, sc: IntArray, req: int, tokens: int, admission: bool) -> bool:
+    extra = kv_extra(ri, sc, req, tokens)
+    reserve = sc[WATERMARK] if admission else 0
+    if extra > sc[NUM_BLOCKS] - sc[USED] - reserve:
         return False
-    st.held[req] += extra
-    st.sc[USED] += extra
+    ri[HELD, req] += extra
+    sc[USED] += extra
     return True
 
 
 @njit(cache=True)
-def kv_allocate_all(st: FastState, reqs: IntArray, count: int) -> bool:
+def kv_allocate_all(ri: IntArray, sc: IntArray, reqs: IntArray, count: int) -> bool:
     """Grow ``reqs[:count]`` by one token each (the decode fast path), all or nothing."""
     total = 0
     for k in range(count):
         r = reqs[k]
-        total += max(blocks_for(st, st.computed[r] + 1) - st.held[r], 0)
-    if total > st.sc[NUM_BLOCKS] - st.sc[USED]:
+        total += max(blocks_for(sc, ri[COMPUTED, r] + 1) - ri[HELD, r], 0)
+    if total > sc[NUM_BLOCKS] - sc[USED]:
         return False
     for k in range(count):
         r = reqs[k]
-        st.held[r] += max(blocks_for(st, st.computed[r] + 1) - st.held[r], 0)
-    st.sc[USED] += total
+        ri[HELD, r] += max(blocks_for(sc, ri[COMPUTED, r] + 1) - ri[HELD, r], 0)
+    sc[USED] += total
     return True
 
 
 @njit(cache=True)
-def kv_free(st: FastState, req: int) -> None:
-    st.sc[USED] -= st.held[req]
-    st.held[req] = 0
+def kv_free(ri: IntArray, sc: IntArray, req: int) -> None:
+    sc[USED] -= ri[HELD, req]
+    ri[HELD, req] = 0
 
 
 # ---- queues ----------------------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def waiting_at(st: FastState, k: int) -> int:
+def waiting_at(wk: IntArray, sc: IntArray, k: int) -> int:
     """The k-th request of the waiting queue (0 = front)."""
-    return st.waiting[(st.sc[W_HEAD] + k) % st.waiting.shape[0]]
+    return wk[WAITING_Q, (sc[W_HEAD] + k) % wk.shape[1]]
 
 
 @njit(cache=True)
-def push_back(st: FastState, req: int) -> None:
-    st.waiting[(st.sc[W_HEAD] + st.sc[W_LEN]) % st.waiting.shape[0]] = req
-    st.sc[W_LEN] += 1
+def push_back(wk: IntArray, sc: IntArray, req: int) -> None:
+    wk[WAITING_Q, (sc[W_HEAD] + sc[W_LEN]) % wk.shape[1]] = req
+    sc[W_LEN] += 1
 
 
 @njit(cache=True)
-def push_front(st: FastState, req: int) -> None:
-    st.sc[W_HEAD] = (st.sc[W_HEAD] - 1) % st.waiting.shape[0]
-    st.waiting[st.sc[W_HEAD]] = req
-    st.sc[W_LEN] += 1
+def push_front(wk: IntArray, sc: IntArray, req: int) -> None:
+    sc[W_HEAD] = (sc[W_HEAD] - 1) % wk.shape[1]
+    wk[WAITING_Q, sc[W_HEAD]] = req
+    sc[W_LEN] += 1
 
 
 @njit(cache=True)
-def pop_front(st: FastState) -> int:
-    req = st.waiting[st.sc[W_HEAD]]
-    st.sc[W_HEAD] = (st.sc[W_HEAD] + 1) % st.waiting.shape[0]
-    st.sc[W_LEN] -= 1
+def pop_front(wk: IntArray, sc: IntArray) -> int:
+    req = wk[WAITING_Q, sc[W_HEAD]]
+    sc[W_HEAD] = (sc[W_HEAD] + 1) % wk.shape[1]
+    sc[W_LEN] -= 1
     return req
 
 
 @njit(cache=True)
-def remove_running(st: FastState, req: int) -> None:
-    """Take ``req`` out of the running array, keeping the others' order."""
-    n = st.sc[R_LEN]
+def remove_running(wk: IntArray, sc: IntArray, req: int) -> None:
+    """Take ``req`` out of the running set, keeping the others' order."""
     k = 0
-    for j in range(n):
-        r = st.running[j]
+    for j in range(sc[R_LEN]):
+        r = wk[RUNNING_Q, j]
         if r != req:
-            st.running[k] = r
+            wk[RUNNING_Q, k] = r
             k += 1
-    st.sc[R_LEN] = k
+    sc[R_LEN] = k
 
 
 # ---- requests (SchedulerState) ---------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def remaining(st: FastState, req: int) -> int:
-    return st.prompt[req] + st.generated[req] - st.computed[req]
+def remaining(ri: IntArray, req: int) -> int:
+    return ri[PROMPT, req] + ri[GENERATED, req] - ri[COMPUTED, req]
 
 
 @njit(cache=True)
-def is_prefilling(st: FastState, req: int) -> bool:
-    return st.generated[req] == 0 or remaining(st, req) > 1
+def is_prefilling(ri: IntArray, req: int) -> bool:
+    return ri[GENERATED, req] == 0 or remaining(ri, req) > 1
 
 
 @njit(cache=True)
-def next_arrival(st: FastState) -> float:
-    a = st.sc[ARRIVED]
-    return st.arrival[a] if a < st.arrival.shape[0] else math.inf
+def next_arrival(rf: FloatArray, sc: IntArray) -> float:
+    a = sc[ARRIVED]
+    return rf[ARRIVAL, a] if a < rf.shape[1] else math.inf
 
 
 @njit(cache=True)
-def receive_arrivals(st: FastState, now: float) -> None:
-    n = st.arrival.shape[0]
-    end = np.searchsorted(st.arrival, now, side="right")
-    for i in range(st.sc[ARRIVED], end):
-        total = st.prompt[i] + st.output_wanted[i]
+def receive_arrivals(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
+    n = rf.shape[1]
+    i = sc[ARRIVED]
+    while i < n and rf[ARRIVAL, i] <= now:
+        total = ri[PROMPT, i] + ri[OUTPUT, i]
         reason = 0
-        if total > st.sc[MAX_MODEL_LEN]:
+        if total > sc[MAX_MODEL_LEN]:
             reason = EXCEEDS_MAX_MODEL_LEN
-        elif blocks_for(st, total) > st.sc[NUM_BLOCKS]:
+        elif blocks_for(sc, total) > sc[NUM_BLOCKS]:
             reason = EXCEEDS_KV_CACHE
-        if st.prompt[i] <= 0 or st.output_wanted[i] <= 0:
+        if ri[PROMPT, i] <= 0 or ri[OUTPUT, i] <= 0:
             reason = EMPTY
         if reason:
-            st.status[i] = REJECTED
-            st.reason[i] = reason
-            st.sc[UNFINISHED] -= 1
+            ri[STATUS, i] = REJECTED
+            ri[REASON, i] = reason
+            sc[UNFINISHED] -= 1
         else:
-            st.status[i] = WAITING
-            push_back(st, i)
-    st.sc[ARRIVED] = max(st.sc[ARRIVED], min(end, n))
+            ri[STATUS, i] = WAITING
+            push_back(wk, sc, i)
+        i += 1
+    sc[ARRIVED] = i
 
 
 @njit(cache=True)
-def admit_next(st: FastState) -> int:
-    req = pop_front(st)
-    st.status[req] = RUNNING
-    st.admit_order[req] = st.sc[ADMISSIONS]
-    st.sc[ADMISSIONS] += 1
-    st.running[st.sc[R_LEN]] = req
-    st.sc[R_LEN] += 1
+def admit_next(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
+    req = pop_front(wk, sc)
+    ri[STATUS, req] = RUNNING
+    ri[ADMIT_ORDER, req] = sc[ADMISSIONS]
+    sc[ADMISSIONS] += 1
+    wk[RUNNING_Q, sc[R_LEN]] = req
+    sc[R_LEN] += 1
     return req
 
 
 @njit(cache=True)
-def preempt(st: FastState, req: int) -> None:
-    remove_running(st, req)
-    kv_free(st, req)
-    st.recomputed[req] += st.computed[req]
-    st.computed[req] = 0
-    st.preemptions[req] += 1
-    st.status[req] = WAITING
-    push_front(st, req)
-    st.sc[PREEMPTED_SINCE] += 1
+def preempt(ri: IntArray, wk: IntArray, sc: IntArray, req: int) -> None:
+    remove_running(wk, sc, req)
+    kv_free(ri, sc, req)
+    ri[RECOMPUTED, req] += ri[COMPUTED, req]
+    ri[COMPUTED, req] = 0
+    ri[PREEMPTIONS, req] += 1
+    ri[STATUS, req] = WAITING
+    push_front(wk, sc, req)
+    sc[PREEMPTED_SINCE] += 1
 
 
 @njit(cache=True)
-def release_running(st: FastState, now: float) -> None:
+def release_running(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
     """Return the responses of every seated request (all held: their batch has ended)."""
-    n = st.sc[R_LEN]
+    n = sc[R_LEN]
     for j in range(n):
-        req = st.running[j]
-        kv_free(st, req)
-        st.status[req] = FINISHED
-        st.response[req] = now
-    st.sc[NUM_HELD] -= n
-    st.sc[R_LEN] = 0
-    st.sc[UNFINISHED] -= n
+        req = wk[RUNNING_Q, j]
+        kv_free(ri, sc, req)
+        ri[STATUS, req] = FINISHED
+        rf[RESPONSE, req] = now
+    sc[NUM_HELD] -= n
+    sc[R_LEN] = 0
+    sc[UNFINISHED] -= n
 
 
 @njit(cache=True)
-def reject_stalled(st: FastState) -> None:
+def reject_stalled(ri: IntArray, wk: IntArray, sc: IntArray) -> None:
     """The policy will never act again: end the running, then the waiting requests, with the reason STALLED."""
-    for j in range(st.sc[R_LEN]):
-        req = st.running[j]
-        kv_free(st, req)
-        st.status[req] = REJECTED
-        st.reason[req] = STALLED
-        st.sc[UNFINISHED] -= 1
-    st.sc[R_LEN] = 0
-    while st.sc[W_LEN] > 0:
-        req = pop_front(st)
-        kv_free(st, req)
-        st.status[req] = REJECTED
-        st.reason[req] = STALLED
-        st.sc[UNFINISHED] -= 1
+    for j in range(sc[R_LEN]):
+        _reject(ri, sc, wk[RUNNING_Q, j])
+    sc[R_LEN] = 0
+    while sc[W_LEN] > 0:
+        _reject(ri, sc, pop_front(wk, sc))
+
+
+@njit(cache=True)
+def _reject(ri: IntArray, sc: IntArray, req: int) -> None:
+    kv_free(ri, sc, req)
+    ri[STATUS, req] = REJECTED
+    ri[REASON, req] = STALLED
+    sc[UNFINISHED] -= 1
 
 
 # ---- the batch being built (BatchBuilder) ----------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def batch_start(st: FastState) -> None:
-    st.sc[B_LEN] = 0
-    st.sc[B_HOLD] = 0
-    st.sc[STAMP] += 1
+def batch_start(sc: IntArray) -> None:
+    sc[B_LEN] = 0
+    sc[B_HOLD] = 0
+    sc[BATCH_NO] += 1
 
 
 @njit(cache=True)
-def batch_add(st: FastState, req: int, tokens: int) -> None:
-    k = st.sc[B_LEN]
-    st.batch_ids[k] = req
-    st.batch_new[k] = tokens
-    st.stamp[req] = st.sc[STAMP]
-    st.sc[B_LEN] = k + 1
+def batch_add(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -> None:
+    k = sc[B_LEN]
+    wk[BATCH_IDS, k] = req
+    wk[BATCH_NEW, k] = tokens
+    ri[STAMP, req] = sc[BATCH_NO]
+    sc[B_LEN] = k + 1
 
 
 @njit(cache=True)
-def in_batch(st: FastState, req: int) -> bool:
-    return st.stamp[req] == st.sc[STAMP]
+def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
+    return ri[STAMP, req] == sc[BATCH_NO]
 
 
 # ---- after the iteration (SchedulerState.shape_of and complete) ------------------------------------------------------
 
 
 @njit(cache=True)
-def build_shape(st: FastState) -> tuple[int, int, int]:
-    """Fill pf_new / pf_ctx / dec_ctx from the batch; returns (prefill chunks, decodes, prefill chunks that sample)."""
+def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int]:
+    """Fill the shape rows from the batch; returns (prefill chunks, decodes, prefill chunks that sample)."""
     n_pf = 0
     n_dec = 0
     sampled = 0
-    for k in range(st.sc[B_LEN]):
-        req = st.batch_ids[k]
-        ctx = st.computed[req]
-        if is_prefilling(st, req):
-            st.pf_new[n_pf] = st.batch_new[k]
-            st.pf_ctx[n_pf] = ctx
+    for k in range(sc[B_LEN]):
+        req = wk[BATCH_IDS, k]
+        ctx = ri[COMPUTED, req]
+        if is_prefilling(ri, req):
+            wk[PF_NEW, n_pf] = wk[BATCH_NEW, k]
+            wk[PF_CTX, n_pf] = ctx
             n_pf += 1
-            if ctx + st.batch_new[k] == st.prompt[req] + st.generated[req]:
+            if ctx + wk[BATCH_NEW, k] == ri[PROMPT, req] + ri[GENERATED, req]:
                 sampled += 1
         else:
-            st.dec_ctx[n_dec] = ctx
+            wk[DEC_CTX, n_dec] = ctx
             n_dec += 1
     return n_pf, n_dec, sampled
 
 
 @njit(cache=True)
-def complete(st: FastState, n_pf: int, n_dec: int, start: float, end: float) -> None:
+def complete(
+    ri: IntArray,
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    n_pf: int,
+    n_dec: int,
+    start: float,
+    end: float,
+    itl_sums: FloatArray,
+    itl_hist: IntArray,
+    itl_gaps: FloatArray,
+    log_times: FloatArray,
+    log_counts: npt.NDArray[np.int32],
+) -> None:
     """Account for the batch that ran from ``start`` to ``end`` and log it (the log has room: the loop checks)."""
-    row = st.sc[N_ITERS]
-    nb = st.sc[B_LEN]
+    row = sc[N_ITERS]
+    nb = sc[B_LEN]
     for k in range(nb):
-        req = st.batch_ids[k]
-        if math.isnan(st.first_scheduled[req]):
-            st.first_scheduled[req] = start
-        st.computed[req] += st.batch_new[k]
+        req = wk[BATCH_IDS, k]
+        if math.isnan(rf[FIRST_SCHEDULED, req]):
+            rf[FIRST_SCHEDULED, req] = start
+        ri[COMPUTED, req] += wk[BATCH_NEW, k]
     done = 0
-    seats = st.sc[R_LEN]
-    held = st.sc[NUM_HELD]
-    kv_used = st.sc[USED]
+    seats = sc[R_LEN]
+    held = sc[NUM_HELD]
+    kv_used = sc[USED]
+    hold = sc[B_HOLD] != 0
     for k in range(nb):
-        req = st.batch_ids[k]
-        if st.computed[req] != st.prompt[req] + st.generated[req]:
+        req = wk[BATCH_IDS, k]
+        if ri[COMPUTED, req] != ri[PROMPT, req] + ri[GENERATED, req]:
             continue
-        if st.generated[req] == 0:
-            st.first_token[req] = end
+        if ri[GENERATED, req] == 0:
+            rf[FIRST_TOKEN, req] = end
         else:
-            add_gap(end - st.last_token[req], st.itl_sums, st.itl_hist, st.itl_gaps)
-        st.generated[req] += 1
-        st.last_token[req] = end
-        if st.generated[req] >= st.output_wanted[req]:
-            st.finish[req] = end
+            add_gap(end - rf[LAST_TOKEN, req], itl_sums, itl_hist, itl_gaps)
+        ri[GENERATED, req] += 1
+        rf[LAST_TOKEN, req] = end
+        if ri[GENERATED, req] >= ri[OUTPUT, req]:
+            rf[FINISH, req] = end
             done += 1
-            if st.sc[B_HOLD]:
-                st.status[req] = HELD
+            if hold:
+                ri[STATUS, req] = HELD_DONE
             else:
-                st.status[req] = FINISHED
-                st.response[req] = end
-                kv_free(st, req)
+                ri[STATUS, req] = FINISHED
+                rf[RESPONSE, req] = end
+                kv_free(ri, sc, req)
     if done:
-        if st.sc[B_HOLD]:
-            st.sc[NUM_HELD] += done
+        if hold:
+            sc[NUM_HELD] += done
         else:
             k = 0
-            for j in range(st.sc[R_LEN]):
-                r = st.running[j]
-                if st.status[r] != FINISHED:
-                    st.running[k] = r
+            for j in range(sc[R_LEN]):
+                r = wk[RUNNING_Q, j]
+                if ri[STATUS, r] != FINISHED:
+                    wk[RUNNING_Q, k] = r
                     k += 1
-            st.sc[R_LEN] = k
-            st.sc[UNFINISHED] -= done
+            sc[R_LEN] = k
+            sc[UNFINISHED] -= done
     ctx = 0
     pf_tokens = 0
     for j in range(n_pf):
-        ctx += st.pf_ctx[j]
-        pf_tokens += st.pf_new[j]
+        ctx += wk[PF_CTX, j]
+        pf_tokens += wk[PF_NEW, j]
     for j in range(n_dec):
-        ctx += st.dec_ctx[j]
-    st.log_times[row, 0] = start
-    st.log_times[row, 1] = end
-    c = st.log_counts[row]
-    c[0], c[1], c[2], c[3], c[4] = n_pf, pf_tokens, n_dec, ctx, kv_used
-    c[5], c[6], c[7], c[8], c[9] = seats, held, st.sc[W_LEN], st.sc[PREEMPTED_SINCE], done
-    st.sc[PREEMPTED_SINCE] = 0
-    st.sc[N_ITERS] = row + 1
+        ctx += wk[DEC_CTX, j]
+    log_times[row, 0] = start
+    log_times[row, 1] = end
+    log_counts[row, 0] = n_pf
+    log_counts[row, 1] = pf_tokens
+    log_counts[row, 2] = n_dec
+    log_counts[row, 3] = ctx
+    log_counts[row, 4] = kv_used
+    log_counts[row, 5] = seats
+    log_counts[row, 6] = held
+    log_counts[row, 7] = sc[W_LEN]
+    log_counts[row, 8] = sc[PREEMPTED_SINCE]
+    log_counts[row, 9] = done
+    sc[PREEMPTED_SINCE] = 0
+    sc[N_ITERS] = row + 1
