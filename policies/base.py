@@ -145,11 +145,28 @@ def schedule_partial_prefills(state: SchedulerState, batch: BatchBuilder, chunk_
             batch.add(req, chunk)
 
 
-def admit_waiting(state: SchedulerState, batch: BatchBuilder, max_num_seqs: int, chunk_cap: int | None) -> int:
+RESERVATIONS = ("paged", "output", "max_model_len")
+
+
+def reserved_tokens(state: SchedulerState, req: int, tokens: int, reservation: str) -> int:
+    """Tokens of KV to hold for ``req`` when it needs room for ``tokens``: just those when paged; its whole prompt +
+    output (``output``) or ``max_model_len`` tokens, capped at the cache, when reserving up front."""
+    if reservation == "paged":
+        return tokens
+    whole = int(state.reqs.prompt[req] + state.reqs.output_wanted[req])
+    if reservation == "max_model_len":
+        whole = max(whole, min(state.max_model_len, state.kv.capacity_tokens))
+    return max(tokens, whole)
+
+
+def admit_waiting(
+    state: SchedulerState, batch: BatchBuilder, max_num_seqs: int, chunk_cap: int | None, reservation: str = "paged"
+) -> int:
     """Admit waiting requests FCFS while seats, budget and memory allow; returns how many were admitted.
 
     ``chunk_cap=None`` admits whole prompts only (no chunking: a prompt that does not fit the budget left waits, and
-    so does everyone behind it); otherwise the first chunk is cut to the budget left and to ``chunk_cap``."""
+    so does everyone behind it); otherwise the first chunk is cut to the budget left and to ``chunk_cap``. A request
+    is admitted only if the KV its ``reservation`` asks for fits."""
     reqs, kv = state.reqs, state.kv
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
@@ -158,11 +175,12 @@ def admit_waiting(state: SchedulerState, batch: BatchBuilder, max_num_seqs: int,
         chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
         if chunk > batch.budget:
             break
+        tokens = reserved_tokens(state, req, int(reqs.computed[req]) + chunk, reservation)
         # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
-        if not kv.can_allocate(req, int(reqs.computed[req]) + chunk, admission=bool(state.running)):
+        if not kv.can_allocate(req, tokens, admission=bool(state.running)):
             break
         state.admit_next()
-        kv.allocate(req, int(reqs.computed[req]) + chunk)
+        kv.allocate(req, tokens)
         batch.add(req, chunk)
         admitted += 1
     return admitted

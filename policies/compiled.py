@@ -126,8 +126,25 @@ def schedule_partial_prefills(ri: IntArray, wk: IntArray, sc: IntArray, budget: 
     return budget, preempted
 
 
+# reservations, as indices of policies.base.RESERVATIONS
+PAGED, OUTPUT_RESERVED, MAX_MODEL_LEN_RESERVED = 0, 1, 2
+
+
 @njit(cache=True)
-def admit_waiting(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, max_seqs: int, cap: int) -> tuple[int, int]:
+def reserved_tokens(ri: IntArray, sc: IntArray, req: int, tokens: int, reservation: int) -> int:
+    """``policies.base.reserved_tokens``."""
+    if reservation == PAGED:
+        return tokens
+    whole = ri[PROMPT, req] + ri[OUTPUT, req]
+    if reservation == MAX_MODEL_LEN_RESERVED:
+        whole = max(whole, min(sc[MAX_MODEL_LEN], sc[NUM_BLOCKS] * sc[BLOCK_SIZE]))
+    return max(tokens, whole)
+
+
+@njit(cache=True)
+def admit_waiting(
+    ri: IntArray, wk: IntArray, sc: IntArray, budget: int, max_seqs: int, cap: int, reservation: int
+) -> tuple[int, int]:
     """``policies.base.admit_waiting`` (``cap < 0``: whole prompts only); returns (budget left, admitted)."""
     admitted = 0
     while sc[W_LEN] > 0 and sc[R_LEN] < max_seqs and budget > 0:
@@ -136,10 +153,11 @@ def admit_waiting(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, max_seq
         chunk = need if cap < 0 else min(need, budget, cap)
         if chunk > budget:
             break
-        if not kv_can_allocate(ri, sc, req, ri[COMPUTED, req] + chunk, sc[R_LEN] > 0):
+        tokens = reserved_tokens(ri, sc, req, ri[COMPUTED, req] + chunk, reservation)
+        if not kv_can_allocate(ri, sc, req, tokens, sc[R_LEN] > 0):
             break
         admit_next(ri, wk, sc)
-        kv_allocate(ri, sc, req, ri[COMPUTED, req] + chunk, False)
+        kv_allocate(ri, sc, req, tokens, False)
         batch_add(ri, wk, sc, req, chunk)
         budget -= chunk
         admitted += 1
@@ -164,8 +182,8 @@ def schedule_none(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, para
     return math.inf
 
 
-# params of schedule_static: [max_batch_size, reserve max_model_len (1) or output (0), dynamic (1/0), max_delay_s,
-# preferred batch sizes, largest first ...]
+# params of schedule_static: [max_batch_size, reservation, dynamic (1/0), max_delay_s, preferred batch sizes, largest
+# first ...]
 @njit(cache=True)
 def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
     """``policies.static.StaticBatching`` and ``policies.dynamic.DynamicBatching``."""
@@ -187,10 +205,7 @@ def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, pa
             return math.inf
         for _ in range(size):  # board: reserve each member's KV up front
             req = waiting_at(wk, sc, 0)
-            need = ri[PROMPT, req] + ri[OUTPUT, req]
-            if params[1] > 0:
-                need = max(need, min(sc[MAX_MODEL_LEN], sc[NUM_BLOCKS] * sc[BLOCK_SIZE]))
-            if not kv_allocate(ri, sc, req, need, False):
+            if not kv_allocate(ri, sc, req, reserved_tokens(ri, sc, req, ri[PROMPT, req], int(params[1])), False):
                 break
             admit_next(ri, wk, sc)
     for j in range(sc[R_LEN]):
@@ -217,26 +232,26 @@ def _departure_size(rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArr
     return -1
 
 
-# params of schedule_continuous: [max_num_seqs, max_num_batched_tokens, mix_prefill_decode (1/0)]
+# params of schedule_continuous: [max_num_seqs, max_num_batched_tokens, mix_prefill_decode (1/0), reservation]
 @njit(cache=True)
 def schedule_continuous(
     ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float
 ) -> float:
     """``policies.continuous.ContinuousBatching``."""
     batch_start(sc)
-    max_seqs, budget = int(params[0]), int(params[1])
+    max_seqs, budget, reservation = int(params[0]), int(params[1]), int(params[3])
     if params[2] > 0:
         budget, preempted = schedule_decodes(ri, wk, sc, budget)
         if not preempted:
-            admit_waiting(ri, wk, sc, budget, max_seqs, -1)
+            admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation)
     else:
-        budget, admitted = admit_waiting(ri, wk, sc, budget, max_seqs, -1)
+        budget, admitted = admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation)
         if admitted == 0:
             schedule_decodes(ri, wk, sc, budget)
     return math.inf
 
 
-# params of schedule_chunked: [max_num_seqs, max_num_batched_tokens, chunk cap]
+# params of schedule_chunked: [max_num_seqs, max_num_batched_tokens, chunk cap, reservation]
 @njit(cache=True)
 def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
     """``policies.chunked.ChunkedPrefill``."""
@@ -245,7 +260,7 @@ def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, p
     budget, preempted = schedule_decodes(ri, wk, sc, budget)
     budget, p = schedule_partial_prefills(ri, wk, sc, budget, cap)
     if not (preempted or p):
-        admit_waiting(ri, wk, sc, budget, max_seqs, cap)
+        admit_waiting(ri, wk, sc, budget, max_seqs, cap, int(params[3]))
     return math.inf
 
 

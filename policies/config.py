@@ -33,10 +33,12 @@ class SchedulerConfig(BaseModel):
     preferred_batch_sizes: tuple[int, ...] = Field(
         (), description="dynamic: batch sizes that leave at once when that many are queued (Triton)"
     )
-    static_reserve: Literal["output", "max_model_len"] = Field(
-        "output",
-        description="static, dynamic: KV reserved per member up front: prompt + its output length (an oracle that "
-        "knows when generation stops), or max_model_len tokens (an engine that must plan for the longest answer)",
+    kv_reservation: Literal["paged", "output", "max_model_len"] | None = Field(
+        None,
+        description="KV a request gets when admitted: paged (blocks as it grows; preempt when full), output (its "
+        "prompt + output up front: an oracle that knows when generation stops) or max_model_len (that many tokens up "
+        "front: an engine that must plan for the longest answer). Default: paged, but output for static and dynamic, "
+        "which cannot grow a batch's memory",
     )
 
     @model_validator(mode="after")
@@ -46,6 +48,11 @@ class SchedulerConfig(BaseModel):
                 raise ValueError(
                     f"preferred_batch_sizes entry {size} must be between 1 and max_batch_size={self.max_batch_size}"
                 )
+        if self.policy in ("static", "dynamic") and self.kv_reservation == "paged":
+            raise ValueError(
+                f"kv_reservation=paged: {self.policy} batching reserves each member's KV up front; "
+                "choose output or max_model_len"
+            )
         if (
             self.policy == "continuous"
             and self.max_num_batched_tokens is not None
@@ -57,6 +64,13 @@ class SchedulerConfig(BaseModel):
                 "(raise max_num_batched_tokens, lower max_model_len, or use --policy chunked)"
             )
         return self
+
+    @property
+    def reservation(self) -> str:
+        """The resolved ``kv_reservation``."""
+        if self.kv_reservation is not None:
+            return self.kv_reservation
+        return "output" if self.policy in ("static", "dynamic") else "paged"
 
     @property
     def token_budget(self) -> int:

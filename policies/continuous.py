@@ -5,7 +5,8 @@ whole. By default prefills have priority and are not mixed with decodes: an iter
 prompts only, and the running requests' decodes wait for the next one (vLLM V0). With ``mix_prefill_decode`` an
 iteration gives each running request its decode token first and fills the rest of the budget with whole prompts.
 Running requests grow their KV blocks one token at a time; when the cache is full the most recently admitted is
-preempted by recompute.
+preempted by recompute (``kv_reservation="paged"``, vLLM). With ``output`` or ``max_model_len`` a request is admitted
+only when its whole reservation fits, as Orca did before paging: it never grows and never preempts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from policies import compiled
-from policies.base import BatchBuilder, admit_waiting, register, schedule_decodes
+from policies.base import RESERVATIONS, BatchBuilder, admit_waiting, register, schedule_decodes
 from policies.config import SchedulerConfig
 from sim.state import Batch, SchedulerState, Wait
 
@@ -24,19 +25,29 @@ from sim.state import Batch, SchedulerState, Wait
 class ContinuousBatching:
     name: ClassVar[str] = "continuous"
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, mix_prefill_decode: bool = False) -> None:
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        mix_prefill_decode: bool = False,
+        reservation: str = "paged",
+    ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.mix_prefill_decode = mix_prefill_decode
+        self.reservation = reservation  # "paged", or reserve up front as Orca did ("output", "max_model_len")
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ContinuousBatching:
-        return cls(config.max_num_seqs, config.token_budget, config.mix_prefill_decode)
+        return cls(config.max_num_seqs, config.token_budget, config.mix_prefill_decode, config.reservation)
 
     def compiled(self) -> tuple[Any, np.ndarray]:
         """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
         return compiled.schedule_continuous, compiled.params_array(
-            self.max_num_seqs, self.max_num_batched_tokens, float(self.mix_prefill_decode)
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            float(self.mix_prefill_decode),
+            RESERVATIONS.index(self.reservation),
         )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
@@ -44,7 +55,7 @@ class ContinuousBatching:
         if self.mix_prefill_decode:
             schedule_decodes(state, batch)
             if not batch.preempted:  # as vLLM: no new admissions in a step that had to preempt
-                admit_waiting(state, batch, self.max_num_seqs, chunk_cap=None)
-        elif not admit_waiting(state, batch, self.max_num_seqs, chunk_cap=None):
+                admit_waiting(state, batch, self.max_num_seqs, None, self.reservation)
+        elif not admit_waiting(state, batch, self.max_num_seqs, None, self.reservation):
             schedule_decodes(state, batch)
         return batch.build() or Wait()

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from policies import compiled
-from policies.base import register
+from policies.base import RESERVATIONS, register
 from policies.config import SchedulerConfig
 from policies.static import StaticBatching
 from sim.state import SchedulerState, Wait
@@ -27,23 +27,21 @@ class DynamicBatching(StaticBatching):
         max_batch_size: int,
         max_delay_s: float,
         preferred_batch_sizes: tuple[int, ...] = (),
-        reserve: str = "output",
+        reservation: str = "output",
     ) -> None:
-        super().__init__(max_batch_size, reserve)
+        super().__init__(max_batch_size, reservation)
         self.max_delay_s = max_delay_s  # seconds the oldest queued request may wait
         self.preferred = sorted(preferred_batch_sizes, reverse=True)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> DynamicBatching:
-        return cls(
-            config.max_batch_size, config.max_delay_ms / 1e3, config.preferred_batch_sizes, config.static_reserve
-        )
+        return cls(config.max_batch_size, config.max_delay_ms / 1e3, config.preferred_batch_sizes, config.reservation)
 
     def compiled(self) -> tuple[Any, np.ndarray]:
         """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
-        reserve = float(self.reserve == "max_model_len")
+        reservation = RESERVATIONS.index(self.reservation)
         return compiled.schedule_static, compiled.params_array(
-            self.max_batch_size, reserve, 1.0, self.max_delay_s, *self.preferred
+            self.max_batch_size, reservation, 1.0, self.max_delay_s, *self.preferred
         )
 
     def deadline(self, state: SchedulerState) -> float:

@@ -3,7 +3,7 @@
 A batch leaves when ``max_batch_size`` requests are queued (or, once the trace has ended, with whoever is left). Its
 members prefill together, then decode together until the last of them is done; a member that finishes early keeps its
 seat and its memory until then, and every response is returned when the batch ends. Memory is reserved up front for
-each member, as engines without paging did: its prompt and whole output (``static_reserve="output"``, an oracle that
+each member, as engines without paging did: its prompt and whole output (``kv_reservation="output"``, an oracle that
 knows the output length) or ``max_model_len`` tokens (an engine that must plan for the longest answer); a batch that
 would not fit is cut to what fits.
 """
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from policies import compiled
-from policies.base import BatchBuilder, register
+from policies.base import RESERVATIONS, BatchBuilder, register, reserved_tokens
 from policies.config import SchedulerConfig
 from sim.request import Status
 from sim.state import Batch, SchedulerState, Wait
@@ -25,18 +25,18 @@ from sim.state import Batch, SchedulerState, Wait
 class StaticBatching:
     name: ClassVar[str] = "static"
 
-    def __init__(self, max_batch_size: int, reserve: str = "output") -> None:
+    def __init__(self, max_batch_size: int, reservation: str = "output") -> None:
         self.max_batch_size = max_batch_size
-        self.reserve = reserve  # "output": prompt + output tokens per member; "max_model_len": that many
+        self.reservation = reservation  # "output": prompt + output tokens per member; "max_model_len": that many
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> StaticBatching:
-        return cls(max_batch_size=config.max_batch_size, reserve=config.static_reserve)
+        return cls(max_batch_size=config.max_batch_size, reservation=config.reservation)
 
     def compiled(self) -> tuple[Any, np.ndarray]:
         """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
         return compiled.schedule_static, compiled.params_array(
-            self.max_batch_size, float(self.reserve == "max_model_len"), 0.0, 0.0
+            self.max_batch_size, RESERVATIONS.index(self.reservation), 0.0, 0.0
         )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
@@ -69,10 +69,7 @@ class StaticBatching:
         reqs = state.reqs
         for seated in range(size):
             req = state.waiting[0]
-            need = int(reqs.prompt[req] + reqs.output_wanted[req])
-            if self.reserve == "max_model_len":
-                need = max(need, min(state.max_model_len, state.kv.capacity_tokens))
-            if not state.kv.allocate(req, need):
+            if not state.kv.allocate(req, reserved_tokens(state, req, int(reqs.prompt[req]), self.reservation)):
                 if seated == 0:
                     raise RuntimeError(f"request {req} does not fit in an empty KV cache")
                 break

@@ -85,10 +85,25 @@ def test_static_reserving_max_model_len_boards_fewer_than_reserving_output() -> 
         max_model_len=256,
         max_batch_size=8,
         kv_blocks=64,
-        static_reserve="max_model_len",
+        kv_reservation="max_model_len",
     )
     assert oracle.iterations.column("seats").max() == 8  # 2 blocks each
     assert worst.iterations.column("seats").max() == 4  # 16 blocks each
+
+
+def test_continuous_with_up_front_reservation_admits_fewer_and_never_preempts() -> None:
+    # Orca before paging: a request is admitted only when its whole prompt + output fits
+    reqs, records = _overflow("continuous", kv_reservation="output")
+    s = summarize(records)
+    assert s["total_preemptions"] == 0 and s["completed"] == 8 and (reqs.generated == 200).all()
+    assert records.iterations.column("seats").max() == 4  # 4 x 15 blocks of the 64
+    _, worst = _overflow("continuous", kv_reservation="max_model_len")  # 512 tokens = 32 blocks each: two at a time
+    assert summarize(worst)["total_preemptions"] == 0 and worst.iterations.column("seats").max() == 2
+
+
+def test_static_cannot_page() -> None:
+    with pytest.raises(ValueError, match="reserves each member's KV up front"):
+        _overflow("static", kv_reservation="paged")
 
 
 def test_kv_usage_command_plots_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -42,6 +42,11 @@ def scenarios(draw: st.DrawFn) -> dict:
             mix_prefill_decode=draw(st.booleans()),
             max_batch_size=draw(st.integers(1, 8)),
             max_delay_ms=draw(st.sampled_from([0.0, 5.0, 100.0])),
+            kv_reservation=draw(
+                st.sampled_from(
+                    [None, "output", "max_model_len"] + ([] if policy in ("static", "dynamic") else ["paged"])
+                )
+            ),
         ),
     }
 
