@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -75,6 +75,14 @@ class RunConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     goodput: dict[str, float] = Field(default_factory=dict, description="SLOs in ms: ttft, tpot, e2el")
+    engine: Literal["auto", "compiled", "reference"] = Field(
+        "auto",
+        description="compiled: the numba engine (built-in policies); reference: the policy objects on SimPy; auto: "
+        "compiled where it can. Both give the same records",
+    )
+    itl: Literal["auto", "exact", "histogram"] = Field(
+        "auto", description="keep every inter-token gap, or a 0.5%-error histogram (auto: exact up to 20M gaps)"
+    )
 
     @model_validator(mode="before")
     @classmethod

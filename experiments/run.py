@@ -10,6 +10,7 @@ from typing import Any
 
 import policies
 from experiments.config import RunConfig
+from experiments.progress import Progress
 from experiments.simulation import run_simulation, write_outputs
 from sim.metrics import parse_goodput
 from sim.workload import FORMATS
@@ -56,10 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-delay-ms", type=float, default=S, help="dynamic: longest wait of the oldest request")
     g.add_argument("--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once")
     g.add_argument(
-        "--static-reserve",
-        choices=("output", "max_model_len"),
+        "--kv-reservation",
+        choices=("paged", "output", "max_model_len"),
         default=S,
-        help="static, dynamic: KV reserved per member: prompt + output (oracle) or max_model_len",
+        help="KV per request at admission: paged (grow, preempt when full), or reserve prompt+output (an oracle) or "
+        "max_model_len up front (default: paged; output for static and dynamic)",
     )
 
     g = p.add_argument_group("workload")
@@ -84,6 +86,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--lengths-max-total", type=int, default=S, help="with --lengths-from: drop longer rows")
     g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
+    g = p.add_argument_group("simulator")
+    g.add_argument(
+        "--engine",
+        choices=("auto", "compiled", "reference"),
+        default=S,
+        help="compiled (numba, built-in policies), reference (policy objects on SimPy); same records",
+    )
+    g.add_argument(
+        "--itl",
+        choices=("auto", "exact", "histogram"),
+        default=S,
+        help="keep every inter-token gap, or a 0.5%%-error histogram (auto: exact up to 20M gaps)",
+    )
     g.add_argument(
         "--goodput", nargs="+", default=S, metavar="NAME:MS", help="SLOs for request_goodput: ttft:MS tpot:MS e2el:MS"
     )
@@ -104,7 +119,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    result = run_simulation(config)
+    progress = Progress()
+    try:
+        result = run_simulation(config, on_progress=progress)
+    finally:
+        progress.close()
     paths = write_outputs(result, args.out)
     if args.json:
         print(json.dumps(result.summary, indent=2))

@@ -6,6 +6,8 @@ This is what `ferry run` calls and what sweeps will call many times; it returns 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +62,16 @@ def resolve(config: RunConfig, max_position_embeddings: int) -> RunConfig:
     return config.model_copy(update={"scheduler": policies.SchedulerConfig(**fields)})
 
 
-def run_simulation(config: RunConfig, workload: Workload | None = None) -> RunResult:
+def run_simulation(
+    config: RunConfig,
+    workload: Workload | None = None,
+    on_progress: Callable[[float, int, int], None] | None = None,
+    timings: dict[str, float] | None = None,
+) -> RunResult:
     """Simulate one replica under ``config``; returns the records and the summary. ``workload`` replaces the one
-    ``config.workload`` describes (sweeps build it once and reuse it)."""
+    ``config.workload`` describes (sweeps build it once and reuse it); ``on_progress(now, unfinished, total)`` is called
+    now and then during the run with the simulated clock and the requests not yet ended; ``timings``, if given,
+    receives the wall seconds of the simulation call (``simulate_s``)."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
     cost = CostModel(
@@ -87,7 +96,13 @@ def run_simulation(config: RunConfig, workload: Workload | None = None) -> RunRe
         workload = build_workload(config)
     requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
     kv = KVCacheManager(memory.num_gpu_blocks, memory.block_size, len(requests), watermark=config.kv_watermark)
-    records = simulate(requests, policy, cost, kv, config.scheduler.max_model_len)
+    exact = {"auto": None, "exact": True, "histogram": False}[config.itl]
+    total = len(requests)
+    report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
+    started = time.perf_counter()
+    records = simulate(requests, policy, cost, kv, config.scheduler.max_model_len, config.engine, exact, report)
+    if timings is not None:
+        timings["simulate_s"] = time.perf_counter() - started
     records.request_ids = workload.request_id
     summary = summarize(records, config.goodput)
     summary["model"] = model.name

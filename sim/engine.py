@@ -70,14 +70,14 @@ def replica(
     state: SchedulerState,
     policy: Scheduler,
     timer: IterationTimer,
-    on_progress: Callable[[float], None] | None = None,
+    on_progress: Callable[[float, int], None] | None = None,
 ) -> Generator[simpy.Event, Any, None]:
     """The replica process: decide, run, account; or wait."""
     turns = 0
     while True:
         turns += 1
         if on_progress is not None and turns % PROGRESS_EVERY == 0:
-            on_progress(env.now)
+            on_progress(env.now, state.unfinished)
         now = env.now
         action = decide(state, policy, now)
         if action is None:
@@ -104,16 +104,16 @@ def simulate(
     max_model_len: int,
     engine: str = "auto",
     exact_itl: bool | None = None,
-    on_progress: Callable[[float], None] | None = None,
+    on_progress: Callable[[float, int], None] | None = None,
 ) -> RunRecords:
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
     ``engine``: ``reference`` runs the policy object on this module's SimPy loop; ``compiled`` runs its numba twin
     (``policy.compiled()``) on ``sim.fast_engine``'s loop with the cost model's compiled timer (``timer.compiled()``),
     to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl`` keeps every token gap
-    (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``). ``on_progress(now)`` is called
-    now and then with the simulated clock. The request table is the run's state and ends up in its records: give
-    each run a new one."""
+    (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``). ``on_progress(now, unfinished)``
+    is called now and then with the simulated clock and the requests not yet ended. The request table is the run's
+    state and ends up in its records: give each run a new one."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if (requests.status != Status.PENDING).any() or requests.computed.any():

@@ -53,7 +53,9 @@ DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION = range(5)
 SEGMENT_ITERATIONS = 200_000
 
 
-@njit(cache=True)
+# Not cached: it takes the policy and the timer as function arguments, and numba's cache cannot key on those (each
+# process compiles it once per policy and timer, ~2 s; everything it calls is cached).
+@njit
 def run_segment(
     ri: np.ndarray,
     rf: np.ndarray,
@@ -128,7 +130,7 @@ class CompiledRun:
         env: simpy.Environment,
         policy: tuple[Any, np.ndarray],
         timer: tuple[Any, Any],
-        on_segment: Callable[[float], None] | None = None,
+        on_segment: Callable[[float, int], None] | None = None,
     ) -> Generator[simpy.Event, Any, None]:
         """The replica process on the compiled loop: one SimPy timeout per segment. The loop's clock is the run's
         clock; SimPy's follows it."""
@@ -149,7 +151,7 @@ class CompiledRun:
             if now > env.now:
                 yield env.timeout(now - env.now)
             if on_segment is not None:
-                on_segment(now)
+                on_segment(now, int(self.sc[UNFINISHED]))
             if code == DONE:
                 return
 
@@ -174,7 +176,7 @@ def simulate_compiled(
     kv: KVCacheManager,
     max_model_len: int,
     exact_itl: bool | None = None,
-    on_segment: Callable[[float], None] | None = None,
+    on_segment: Callable[[float, int], None] | None = None,
 ) -> RunRecords:
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
     ``timer`` a cost model's ``compiled()`` pair."""

@@ -25,6 +25,10 @@ FloatArray = npt.NDArray[np.float64]
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
 
+_STATUS_NAMES = np.array([s.name.lower() for s in Status], dtype=object)
+_REASON_LABELS = np.array(["" if x == Reason.NONE else x.label for x in Reason], dtype=object)
+
+
 def request_frame(records: RunRecords) -> pd.DataFrame:
     """One row per request (the content of ``requests.csv``); times in seconds."""
     r = records.requests
@@ -49,8 +53,8 @@ def request_frame(records: RunRecords) -> pd.DataFrame:
             "e2el_s": r.response - r.arrival,
             "preemptions": r.preemptions,
             "recomputed_tokens": r.recomputed,
-            "status": [Status(int(s)).name.lower() for s in r.status],
-            "reason": [Reason(int(x)).label if x else "" for x in r.reason],
+            "status": _STATUS_NAMES[r.status],
+            "reason": _REASON_LABELS[r.reason],
         }
     )
 
@@ -129,7 +133,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     ttft = frame["ttft_s"].to_numpy()[done]
     tpot = frame["tpot_s"].to_numpy()[done]
     e2el = frame["e2el_s"].to_numpy()[done]
-    reasons = pd.Series([Reason(int(x)).label for x in r.reason[r.status == Status.REJECTED]], dtype=object)
+    reasons = pd.Series(_REASON_LABELS[r.reason[r.status == Status.REJECTED]], dtype=object)
 
     out: dict[str, object] = {
         "duration": duration,

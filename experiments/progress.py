@@ -1,0 +1,42 @@
+"""A one-line progress bar for long runs: requests finished, simulated seconds, wall rate. Quiet unless the stream
+is a terminal, so sweeps, pipes and CI see nothing."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    """Call it with (simulated clock s, requests not yet ended, requests in all); it redraws at most every
+    ``min_interval_s`` seconds of wall time."""
+
+    def __init__(self, stream: TextIO | None = None, min_interval_s: float = 0.2) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.min_interval_s = min_interval_s
+        self.started = time.perf_counter()
+        self.last_draw = 0.0
+        self.drawn = False
+
+    def __call__(self, now: float, unfinished: int, total: int) -> None:
+        if not self.enabled:
+            return
+        wall = time.perf_counter()
+        if wall - self.last_draw < self.min_interval_s:
+            return
+        self.last_draw = wall
+        done = total - unfinished
+        share = done / total if total else 1.0
+        width = 30
+        bar = "#" * int(share * width) + "-" * (width - int(share * width))
+        rate = done / max(wall - self.started, 1e-9)
+        self.stream.write(f"\r[{bar}] {done:,}/{total:,} requests  sim {now:,.1f} s  {rate:,.0f} req/s wall ")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
