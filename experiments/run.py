@@ -155,7 +155,13 @@ def format_summary(s: dict[str, Any]) -> str:
         ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}"),
         ("Policy", sched["policy"]),
         ("Workload", s["workload"]),
-        ("KV cache (blocks x tokens)", f"{mem['num_gpu_blocks']:,} x {mem['block_size']}"),
+        (
+            "KV cache per replica",
+            f"{mem['num_gpu_blocks']:,} blocks x {mem['block_size']} = {mem['num_gpu_blocks'] * mem['block_size']:,} "
+            f"tokens ({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)",
+        ),
+        ("Weights per GPU (GiB)", mem["weight_bytes_per_gpu"] / 2**30),
+        ("Engine", f"{s['engine']}, ITL {s['itl_kept']}"),
         "Serving",
         ("Successful requests", s["completed"]),
         ("Failed (rejected) requests", s["failed"]),

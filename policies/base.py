@@ -7,7 +7,6 @@ touches SimPy. That is what lets the same policy object drive a simulated clock 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -29,7 +28,6 @@ class Policy(Protocol):
         ...
 
 
-PolicyFactory = Callable[[SchedulerConfig], Policy]
 _REGISTRY: dict[str, type] = {}
 
 
