@@ -1,0 +1,34 @@
+"""The experiment scripts run end to end on small inputs (their full-size results are in the README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import bench, paged_vs_static
+
+
+def test_paged_vs_static_runs_and_paging_wins(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    lengths = tmp_path / "lengths.csv"
+    prompts, outputs = rng.integers(20, 600, 300), rng.integers(20, 400, 300)
+    lengths.write_text(
+        "num_prefill_tokens,num_decode_tokens\n" + "".join(f"{p},{o}\n" for p, o in zip(prompts, outputs, strict=True))
+    )
+    out = tmp_path / "r.json"
+    args = ["--lengths", str(lengths), "--num-prompts", "150", "--batch-sizes", "4", "--rel-tol", "0.1",
+            "--max-normalized-latency-ms", "150", "--json", str(out)]  # fmt: skip
+    assert paged_vs_static.main(args) == 0
+    assert "paged continuous / continuous, reserve max_model_len" in capsys.readouterr().out
+    rates = json.loads(out.read_text())["max_rate"]
+    assert rates[paged_vs_static.PAGED] > rates[paged_vs_static.ORCA_MAX] > 0
+
+
+def test_bench_measures_one_case_and_the_bare_loop() -> None:
+    row = bench.one_case("chunked", 300, "compiled", rate=20.0, seed=0)
+    assert row["requests"] == 300 and row["completed"] == 300 and row["iterations"] > 300
+    assert row["engine"] == "compiled" and row["wall_s"] > 0 and row["peak_rss_mb"] > 0
+    assert bench.bare_simpy(1000) > 0
