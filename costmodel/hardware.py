@@ -115,6 +115,12 @@ class Provenance(_Strict):
     software: dict[str, str] | None = None  # e.g. {"torch": "2.4.0", "vllm": "0.6.3", "cuda": "12.4"}
     date: str | None = None  # ISO date of the measurement
     measurements: str | None = None  # path or URL of the raw measurement file the fit used
+    # calibrated profiles: how the calibration ran (e.g. {"device": "cpu", "dtype": "float32", "threads": "1",
+    # "models": "tiny-llama", "grid": "quick"}), so that a user can rerun it and `ferry validate` can match it
+    settings: dict[str, str] | None = None
+    # calibrated profiles: the fit's relative error on held-out measurements (points it was not fitted on), per
+    # operator class: {"gemm": {"n": 24, "median": 0.03, "p90": 0.08}, ...}
+    held_out_error: dict[str, dict[str, float]] | None = None
 
 
 class HardwareProfile(_Strict):

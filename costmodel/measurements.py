@@ -185,6 +185,20 @@ def load_vidur(data_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
     return df, skipped
 
 
+def spec_of(row: pd.Series) -> ModelSpec:
+    """The one-layer fp16 model spec of a measured row (its shape columns)."""
+    return _spec(row)
+
+
+def row_shape(op: str, tokens: int, batch: int, chunk: int, ctx: int) -> tuple[IterationShape, dict[str, int]]:
+    """The iteration shape whose kernels a measured row timed, and those kernels with their instances per row."""
+    if op == "attention_decode":
+        return IterationShape.of(decode=[(batch, ctx)]), {"attention_decode": 1}
+    if op == "attention_prefill":
+        return IterationShape.of(prefill=[(chunk, ctx)]), {"attention_prefill": 1}
+    return IterationShape.of(prefill=[(tokens, 0)]), LINEAR_OPS[op][1]
+
+
 def predict(df: pd.DataFrame, profiles: dict[str, HardwareProfile] | None = None) -> pd.DataFrame:
     """``df`` with ferry's ``flops``, ``bytes`` and ``predicted_s`` for each row's kernels: one layer, fp16, the row's
     tensor parallelism, no host overhead or communication (Vidur times those separately)."""
@@ -213,15 +227,7 @@ def predict(df: pd.DataFrame, profiles: dict[str, HardwareProfile] | None = None
         ):
             key = (op, int(tokens), int(batch), int(ctx))
             if key not in cache:
-                if op == "attention_decode":
-                    shape = IterationShape.of(decode=[(int(batch), int(ctx))])
-                    wanted = {"attention_decode": 1}
-                elif op == "attention_prefill":
-                    shape = IterationShape.of(prefill=[(int(chunk), int(ctx))])
-                    wanted = {"attention_prefill": 1}
-                else:
-                    shape = IterationShape.of(prefill=[(int(tokens), 0)])
-                    wanted = LINEAR_OPS[op][1]
+                shape, wanted = row_shape(op, int(tokens), int(batch), int(chunk), int(ctx))
                 ks = [k for k in cm.kernels(shape) if k.name in wanted]
                 cache[key] = (
                     sum(wanted[k.name] * k.flops for k in ks),

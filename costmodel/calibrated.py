@@ -1,0 +1,515 @@
+"""From measurements to a calibrated hardware profile: split, fit, score on held-out rows, write the profile.
+
+Input is a table of measured rows in the raw format ``ferry calibrate`` writes (``costmodel.calibrate.ROW_COLUMNS``
+plus ``software`` and ``date``): kernel rows (``op_class`` one of the cost model's classes), whole executor iterations
+(``op_class == "iteration"``), the device's copy bandwidth (``"bandwidth"``), its memory (``"capacity"``), the empty
+step (``"launch"``) and all-reduces (``"communication"``). ``fit_profile`` holds out every other point of each series,
+fits the efficiency curves and the host overheads to the rest (``costmodel.fit``: the kernel rows and the whole
+iterations together, an iteration being its kernels plus overheads), and scores them on the held-out rows only. The
+profile it returns is the one it scored.
+
+Peaks: with a datasheet ``base`` profile (a GPU ferry knows), the device rates stay the vendor's and the fit keeps
+every ``max <= 1`` against them. Without one (a CPU, an unknown GPU) the rates are measured: bandwidth is the copy's
+(or the fastest fitted memory rate, if faster), the peak the fastest GEMM rate seen (or the fastest fitted compute
+rate), the same for every float format (only the calibrated dtype's is measured, which the profile notes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from costmodel.dtypes import PEAK_KEY
+from costmodel.fit import (
+    IRLS_FLOOR,
+    IRLS_ROUNDS,
+    SIDES,
+    ClassFit,
+    Flat,
+    Overheads,
+    Side,
+    error_summary,
+    fit_classes,
+    held_out,
+    load_terms,
+    nnls,
+)
+from costmodel.hardware import ASSUMPTION, MEASURED, OP_CLASSES, HardwareProfile, parse_hardware
+
+NON_KERNEL = ("iteration", "bandwidth", "capacity", "launch", "communication")
+# the order in which a series' points are ranked for the held-out split
+_ORDER = ("num_tokens", "batch_size", "chunk", "context", "seqs")
+
+
+@dataclass
+class FitResult:
+    """A calibrated profile and how well it predicts what it was not fitted on."""
+
+    profile: HardwareProfile
+    # per operator class (and "iteration" for whole executor iterations): n fitted, n held out, and the held-out
+    # median and p90 of |predicted / measured - 1| and the median signed error
+    errors: pd.DataFrame
+    # every measured row with its prediction by the profile and whether it was held out
+    rows: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def split(raw: pd.DataFrame) -> np.ndarray:
+    """Held-out rows: every other point of each series (same model, depth, kernel and, for attention, context),
+    in size order; iterations alternate in the order they ran."""
+    context = raw["context"].where(raw["op"] != "iteration", -1)
+    keys = list(zip(raw["model"], raw["layers"], raw["op"], context, strict=True))
+    order = [tuple(float(v) for v in r) for r in raw[list(_ORDER)].to_numpy()]
+    order = [o if op != "iteration" else (float(i),) for i, (o, op) in enumerate(zip(order, raw["op"], strict=True))]
+    return held_out(keys, order)
+
+
+def _prior(
+    base: HardwareProfile | None, peaks: dict[str, float], bandwidth: float, act_key: str
+) -> dict[str, ClassFit]:
+    """Starting curves: the base profile's, or (no base) every class at the measured peaks with no fixed cost."""
+    out = {}
+    for c in OP_CLASSES:
+        peak = peaks["fp32" if c == "elementwise" else act_key]
+        if base is not None:
+            out[c] = ClassFit.of(base, c, peak)
+        else:
+            out[c] = ClassFit(Side(1.0 / peak, 0.0), Side(1.0 / bandwidth, 0.0))
+    return out
+
+
+def fit_profile(
+    raw: pd.DataFrame,
+    *,
+    name: str,
+    base: HardwareProfile | None,
+    measurements: str,
+    settings: dict[str, str] | None = None,
+    description: str = "",
+    loss: str = "l1",
+    joint: bool = True,
+    balance: bool = True,
+) -> FitResult:
+    """Fit a calibrated profile to ``raw`` (rows in the raw format, see the module docstring).
+
+    ``loss="l1"`` (the default) minimises the sum of |predicted / measured - 1|: the median-minded fit, which follows
+    the typical kernel rather than the odd regime out (a CPU's matrix-vector path at one token, say) and shrugs off
+    timing spikes; ``"l2"`` minimises the sum of squares.
+
+    ``joint=True`` (the default) fits the curves to the kernel rows and the whole iterations together (an iteration
+    is its kernels plus the host overheads): kernels inside a forward pass run a little slower than alone (caches
+    shared with their neighbours, glue between them), ~10-15% on a CPU, and the iterations are what the simulator
+    predicts. ``joint=False`` fits the curves to the kernels alone, then the overheads to what they leave."""
+    raw = raw.reset_index(drop=True)
+    dtypes = sorted(set(raw.loc[raw["op_class"].isin(OP_CLASSES), "dtype"].astype(str)))
+    if len(dtypes) != 1:
+        raise ValueError(f"measurements in {len(dtypes)} dtypes ({', '.join(dtypes)}): fit one dtype at a time")
+    dtype = dtypes[0]
+    act_key = PEAK_KEY[dtype]
+    kernel = raw["op_class"].isin(OP_CLASSES).to_numpy()
+    iteration = (raw["op_class"] == "iteration").to_numpy()
+    if not kernel.any():
+        raise ValueError("no kernel measurements to fit (rows with op_class gemm, attention_*, elementwise)")
+    measured = raw["median_s"].to_numpy(dtype=float)
+    terms = [load_terms(k) if k else () for k in raw["kernels"].fillna("[]")]
+    held = split(raw)
+    notes: list[str] = []
+
+    # device rates: the base's, or measured
+    copy = raw[raw["op_class"] == "bandwidth"]
+    copy_bw = float((copy["bytes"] / copy["median_s"]).max()) if len(copy) else math.nan
+    row_flops = np.array([sum(t.count * t.flops for t in ts) for ts in terms])
+    gemm = (raw["op_class"] == "gemm").to_numpy() & (row_flops > 0)
+    best_gemm = float((row_flops[gemm] / measured[gemm]).max()) if gemm.any() else math.nan
+    if base is not None:
+        peaks = base.peaks()
+        bandwidth = base.bandwidth
+        bounds = {(c, "compute"): 1.0 / peaks["fp32" if c == "elementwise" else act_key] for c in OP_CLASSES}
+        bounds |= {(c, "memory"): 1.0 / bandwidth for c in OP_CLASSES}
+    else:
+        if math.isnan(copy_bw) or math.isnan(best_gemm):
+            raise ValueError("without a base profile the measurements need a copy row and GEMM rows (measured rates)")
+        peaks = {k: best_gemm for k in ("fp32", "bf16", "fp16")}
+        bandwidth = copy_bw
+        bounds = {}
+    prior = _prior(base, peaks, bandwidth, act_key)
+
+    features, fitted_overheads = _overhead_features(raw, iteration)
+    timed = kernel | iteration
+    host = np.nan_to_num(raw["host_s"].to_numpy(dtype=float)) if "host_s" in raw.columns else np.zeros(len(raw))
+    coef = np.zeros(len(fitted_overheads))
+    column = {name: j for j, name in enumerate(fitted_overheads)}
+    weight = _balance(raw, iteration) if balance else np.ones(len(raw))
+    parts: dict[str, dict[str, float]] = {}  # overhead -> seconds outside ("host") and inside ("forward") the forward
+    if joint and iteration.any() and (host[iteration] > 0).all():
+        # the host's work outside the forward pass (the policy, bookkeeping, inputs) is timed apart: its per-iteration
+        # and per-sequence costs are fitted to it directly; the forward passes are fitted with the kernels, as their
+        # kernels plus per-layer (and per-iteration) glue
+        train = iteration & ~held
+        host_names = [n for n in ("per_iteration_s", "per_sequence_s") if n in column]
+        host_cols = [column[n] for n in host_names]
+        host_coef = _fit_overheads(
+            np.zeros(int(train.sum())), features[train][:, host_cols], host[train], loss, weight[train]
+        )
+        forward = measured - np.where(iteration, host, 0.0)
+        fwd_names = [n for n in ("per_iteration_s", "per_layer_s") if n in column]
+        fwd_cols = [column[n] for n in fwd_names]
+        fit_rows = timed & ~held
+        classes, fwd_coef = fit_classes(
+            [terms[i] for i in np.flatnonzero(fit_rows)],
+            forward[fit_rows],
+            prior,
+            bounds,
+            loss=loss,
+            extra=features[fit_rows][:, fwd_cols],
+            weight=weight[fit_rows],
+        )
+        for where, names, values in (("host", host_names, host_coef), ("forward", fwd_names, fwd_coef)):
+            for n, v in zip(names, values, strict=True):
+                coef[column[n]] += v
+                parts.setdefault(n, {})[where] = float(v)
+    elif joint and fitted_overheads:
+        fit_rows = timed & ~held
+        classes, coef = fit_classes(
+            [terms[i] for i in np.flatnonzero(fit_rows)],
+            measured[fit_rows],
+            prior,
+            bounds,
+            loss=loss,
+            extra=features[fit_rows],
+            weight=weight[fit_rows],
+        )
+    else:
+        fit_rows = kernel & ~held
+        classes, _ = fit_classes(
+            [terms[i] for i in np.flatnonzero(fit_rows)], measured[fit_rows], prior, bounds, loss=loss
+        )
+    predicted = np.full(len(raw), np.nan)
+    tflat = Flat([terms[i] for i in np.flatnonzero(timed)])
+    kernel_s = np.zeros(len(raw))
+    kernel_s[timed] = tflat.predict(classes)
+    if fitted_overheads and not joint:
+        train = iteration & ~held
+        coef = _fit_overheads(kernel_s[train], features[train], measured[train], loss, weight[train])
+    overheads = Overheads(**dict(zip(fitted_overheads, (float(c) for c in coef), strict=True)))
+    predicted[timed] = kernel_s[timed] + (features[timed] @ coef if fitted_overheads else 0.0)
+    kflat = Flat([terms[i] for i in np.flatnonzero(kernel)])
+
+    comm = _fit_communication(raw, base)
+
+    # errors on held-out rows, per class
+    table = []
+    for c in [*OP_CLASSES, "iteration"]:
+        sel = (raw["op_class"] == c).to_numpy()
+        if not sel.any():
+            continue
+        summary = error_summary(predicted[sel & held], measured[sel & held])
+        table.append({"op_class": c, "fitted": int((sel & ~held).sum()), "held_out": summary["n"]} | summary)
+    errors = pd.DataFrame(table).drop(columns=["n"])
+
+    # the rates: raised to the fastest fitted rate when measured (a max above 1 is not allowed)
+    rates = _rates(classes)
+    if base is None:
+        fastest_compute = max([r for (c, s), r in rates.items() if s == "compute" and math.isfinite(r)], default=0.0)
+        fastest_memory = max([r for (c, s), r in rates.items() if s == "memory" and math.isfinite(r)], default=0.0)
+        if fastest_compute > best_gemm:
+            notes.append(
+                f"peak raised from the best measured GEMM rate {best_gemm / 1e12:.3g} TFLOP/s to the fastest "
+                "fitted rate"
+            )
+        if fastest_memory > copy_bw:
+            notes.append(
+                f"bandwidth raised from the copy's {copy_bw / 1e9:.3g} GB/s to the fastest fitted memory rate (caches)"
+            )
+        peak = max(best_gemm, fastest_compute)
+        peaks = {k: peak for k in ("fp32", "bf16", "fp16")}
+        bandwidth = max(copy_bw, fastest_memory)
+
+    data = _profile_data(
+        name=name,
+        description=description,
+        base=base,
+        dtype=dtype,
+        raw=raw,
+        classes=classes,
+        fitted_sides=_fitted_sides(kflat, classes, fit_rows[kernel]),
+        peaks=peaks,
+        bandwidth=bandwidth,
+        copy_bw=copy_bw,
+        best_gemm=best_gemm,
+        overheads=overheads,
+        fitted_overheads=fitted_overheads,
+        overhead_parts=parts,
+        comm=comm,
+        errors=errors,
+        measurements=measurements,
+        settings=settings,
+        notes=notes,
+    )
+    profile = parse_hardware(data, f"calibrated profile {name!r}")
+    out = raw.assign(predicted_s=predicted, held_out=held)
+    return FitResult(profile, errors, out, notes)
+
+
+def _fit_overheads(
+    kernel_s: np.ndarray, features: np.ndarray, measured: np.ndarray, loss: str, weight: np.ndarray | None = None
+) -> np.ndarray:
+    """Non-negative seconds per unit of each feature minimising the relative error of kernels + overheads (l1 by
+    iteratively reweighted least squares, as the kernel fit); ``weight`` scales each row's error."""
+    base = np.ones(len(measured)) if weight is None else weight
+    weights = base
+    for _ in range(IRLS_ROUNDS if loss == "l1" else 1):
+        w = np.sqrt(weights) / measured
+        coef = nnls(features * w[:, None], np.sqrt(weights) - kernel_s * w)
+        if loss == "l1":
+            err = (kernel_s + features @ coef) / measured - 1.0
+            weights = base / np.maximum(np.abs(err), IRLS_FLOOR)
+    return coef
+
+
+def _balance(raw: pd.DataFrame, iteration: np.ndarray) -> np.ndarray:
+    """Row weights: 1 for kernels; iterations weighted so that those with prompt tokens (which decide TTFT) and the
+    decode-only ones (ITL) count alike whatever their numbers (serving runs have many more decodes)."""
+    weight = np.ones(len(raw))
+    prefill = iteration & (raw["chunk"].to_numpy() > 0)
+    decode = iteration & ~prefill
+    for part in (prefill, decode):
+        if part.any():
+            weight[part] = 0.5 * iteration.sum() / part.sum()
+    return weight
+
+
+def _overhead_features(raw: pd.DataFrame, iteration: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Host-overhead features of each row (0 for kernel rows): 1, layers and sequences for whole iterations; a
+    feature constant over the iterations (one depth measured, say) is left out (folded into per_iteration)."""
+    if not iteration.any():
+        return np.zeros((len(raw), 0)), []
+    layers = raw["layers"].to_numpy(dtype=float)
+    seqs = raw["seqs"].to_numpy(dtype=float)
+    candidates = {"per_iteration_s": np.ones(len(raw)), "per_layer_s": layers, "per_sequence_s": seqs}
+    names = [name for name, f in candidates.items() if name == "per_iteration_s" or len(np.unique(f[iteration])) > 1]
+    return np.column_stack([np.where(iteration, candidates[n], 0.0) for n in names]), names
+
+
+def _rates(classes: dict[str, ClassFit]) -> dict[tuple[str, str], float]:
+    return {
+        (c, s): (1.0 / f.side(s).per_unit_s if f.side(s).per_unit_s > 0 else math.inf)
+        for c, f in classes.items()
+        for s in SIDES
+    }
+
+
+def _fitted_sides(flat: Flat, classes: dict[str, ClassFit], fitted: np.ndarray) -> dict[tuple[str, str], int]:
+    """(class, side) -> how many fitted terms are bound by that side (the sides the measurements determine)."""
+    bound = flat.compute_bound(classes)
+    in_fit = fitted[flat.row]
+    out: dict[tuple[str, str], int] = {}
+    for c in OP_CLASSES:
+        for side, mask in (("compute", bound), ("memory", ~bound)):
+            n = int(((flat.op_class == c) & mask & in_fit).sum())
+            if n:
+                out[(c, side)] = n
+    return out
+
+
+def _fit_communication(raw: pd.DataFrame, base: HardwareProfile | None) -> dict[str, Any] | None:
+    """latency and bandwidth share of a ring all-reduce from measured all-reduces: t = latency + ring x bytes / rate,
+    a non-negative least-squares line (the curve's half size is folded into the latency)."""
+    rows = raw[raw["op_class"] == "communication"]
+    if rows.empty or base is None:
+        return None
+    world = rows["seqs"].to_numpy(dtype=float)
+    ring = 2.0 * (world - 1.0) / world
+    t = rows["median_s"].to_numpy(dtype=float)
+    x = nnls(np.column_stack([np.ones_like(t) / t, ring * rows["bytes"].to_numpy(dtype=float) / t]), np.ones_like(t))
+    latency, per_byte = float(x[0]), float(x[1])
+    share = min(1.0, 1.0 / (per_byte * base.link_bandwidth)) if per_byte > 0 else 1.0
+    return {"latency_s": latency, "max": share, "n": len(rows)}
+
+
+def _curve(rate: float, fixed_s: float, peak: float, note: str) -> dict[str, Any]:
+    rate = min(rate, peak) if math.isfinite(rate) else peak
+    return {"max": min(1.0, rate / peak), "half_size": float(fixed_s * rate), "source": MEASURED, "note": note}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _profile_data(
+    *,
+    name: str,
+    description: str,
+    base: HardwareProfile | None,
+    dtype: str,
+    raw: pd.DataFrame,
+    classes: dict[str, ClassFit],
+    fitted_sides: dict[tuple[str, str], int],
+    peaks: dict[str, float],
+    bandwidth: float,
+    copy_bw: float,
+    best_gemm: float,
+    overheads: Overheads,
+    fitted_overheads: list[str],
+    overhead_parts: dict[str, dict[str, float]],
+    comm: dict[str, Any] | None,
+    errors: pd.DataFrame,
+    measurements: str,
+    settings: dict[str, str] | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """The calibrated profile's fields: the base's device rates (or the measured ones), the fitted curves, overheads
+    and provenance."""
+    first = raw.iloc[0]
+    device = str(first.get("device", "") or "unknown device")
+    software = _software(raw)
+    day = str(first.get("date", "") or date.today().isoformat())
+    act_key = PEAK_KEY[dtype]
+    if base is not None:
+        data = base.model_dump(mode="json")
+        data["provenance"]["notes"] = (
+            f"Calibrated from {measurements}: device rates from the {base.name} datasheet profile, efficiencies and "
+            f"overheads fitted to measured {dtype} kernels. " + " ".join(notes)
+        ).strip()
+    else:
+        data = _measured_rates(raw, peaks, bandwidth, copy_bw, best_gemm, dtype, device)
+        data["provenance"] = {"sources": {}, "notes": " ".join(notes)}
+    data["name"] = name
+    data["description"] = description or f"{device}, calibrated ({dtype})"
+    data["kind"] = "calibrated"
+    err = {r["op_class"]: r for r in errors.to_dict(orient="records")}
+    for c in OP_CLASSES:
+        fit = classes[c]
+        peak = peaks["fp32" if c == "elementwise" else act_key]
+        for side, limit in (("compute", peak), ("memory", bandwidth)):
+            n = fitted_sides.get((c, side), 0)
+            s = fit.side(side)
+            rate = 1.0 / s.per_unit_s if s.per_unit_s > 0 else math.inf
+            if n:
+                e = err.get(c, {})
+                note = (
+                    f"fitted to {n} measured {dtype} kernels bound by this side; class held-out error median "
+                    f"{_pct(e.get('median', math.nan))}, p90 {_pct(e.get('p90', math.nan))}"
+                )
+                data["efficiency"][c][side] = _curve(rate, s.fixed_s, limit, note)
+            else:  # no measured kernel is bound here: the prior curve, as the fit used it
+                prior = data["efficiency"][c][side]
+                note = (prior.get("note", "") + " (no calibrated kernel was bound by this side)").strip()
+                data["efficiency"][c][side] = _curve(rate, s.fixed_s, limit, note) | {"source": prior["source"]}
+    if comm is not None:
+        data["efficiency"]["communication"] = {
+            "bandwidth": {"max": max(comm["max"], 1e-6), "half_size": 0.0, "source": MEASURED},
+            "latency_s": {"value": comm["latency_s"], "source": MEASURED, "note": f"fitted to {comm['n']} all-reduces"},
+        }
+        data["efficiency"]["communication"]["bandwidth"]["note"] = "ring all-reduce bus bandwidth share, fitted"
+    e_it = err.get("iteration", {})
+    for key in ("per_iteration_s", "per_layer_s", "per_sequence_s"):
+        if fitted_overheads:
+            fitted = key in fitted_overheads
+            note = (
+                f"fitted to measured executor iterations (held-out median error {_pct(e_it.get('median', math.nan))})"
+                if fitted
+                else "not separable from per_iteration_s in these measurements (folded into it)"
+            )
+            part = overhead_parts.get(key, {})
+            if part:
+                note += (
+                    f": {part.get('host', 0.0) * 1e3:.3g} ms of host work outside the forward pass, "
+                    f"{part.get('forward', 0.0) * 1e3:.3g} ms inside it beyond the kernels timed alone"
+                )
+            data["overheads"][key] = {"value": getattr(overheads, key), "source": MEASURED, "note": note}
+    data["provenance"] |= {
+        "device": device,
+        "software": software,
+        "date": day,
+        "measurements": measurements,
+        "settings": settings or None,
+        "held_out_error": {
+            r["op_class"]: {"n": float(r["held_out"]), "median": float(r["median"]), "p90": float(r["p90"])}
+            for r in errors.to_dict(orient="records")
+            if r["held_out"]
+        },
+    }
+    return data
+
+
+def _software(raw: pd.DataFrame) -> dict[str, str]:
+    import json
+
+    text = str(raw.iloc[0].get("software", "") or "")
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        value = {}
+    return {str(k): str(v) for k, v in value.items()} or {"unknown": "measurements carry no software versions"}
+
+
+def _measured_rates(
+    raw: pd.DataFrame,
+    peaks: dict[str, float],
+    bandwidth: float,
+    copy_bw: float,
+    best_gemm: float,
+    dtype: str,
+    device: str,
+) -> dict[str, Any]:
+    """Device rates of a device without a datasheet profile, all measured."""
+    capacity = raw[raw["op_class"] == "capacity"]
+    memory = float(capacity["bytes"].iloc[0]) if len(capacity) else 0.0
+    if memory <= 0:
+        raise ValueError("without a base profile the measurements need the device's memory (a capacity row)")
+    peak_note = f"fastest measured {dtype} rate: GEMM {best_gemm / 1e12:.4g} TFLOP/s best point"
+    peak_tflops = {
+        k: {
+            "value": peaks[k] / 1e12,
+            "source": MEASURED,
+            "note": peak_note if k == PEAK_KEY[dtype] else f"not measured: the {dtype} rate, copied",
+        }
+        for k in ("fp32", "bf16", "fp16")
+    }
+    curve = {"max": 1.0, "half_size": 0.0, "source": ASSUMPTION, "note": "at the measured peak, no fixed cost"}
+    return {
+        "memory_capacity_gib": {"value": memory / 2**30, "source": MEASURED, "note": "device (host) memory"},
+        "memory_bandwidth_gbps": {
+            "value": bandwidth / 1e9,
+            "source": MEASURED,
+            "note": f"large copy: {copy_bw / 1e9:.4g} GB/s (read + write)",
+        },
+        "peak_tflops": peak_tflops,
+        "interconnect": {
+            "name": "none (one device)",
+            "bandwidth_gbps": {
+                "value": bandwidth / 1e9,
+                "source": MEASURED,
+                "note": "a stand-in (the memory bandwidth): tensor parallelism is not calibrated on this device",
+            },
+        },
+        "efficiency": {
+            **{c: {"compute": dict(curve), "memory": dict(curve)} for c in OP_CLASSES},
+            "communication": {
+                "bandwidth": {"max": 1.0, "half_size": 0.0, "source": ASSUMPTION, "note": "not measured"},
+                "latency_s": {"value": 0.0, "source": ASSUMPTION, "note": "not measured"},
+            },
+        },
+        "overheads": {
+            k: {"value": 0.0, "source": ASSUMPTION, "note": "not measured"}
+            for k in ("per_iteration_s", "per_layer_s", "per_sequence_s")
+        },
+    }
+
+
+def format_errors(errors: pd.DataFrame) -> str:
+    """The held-out error table, one line per operator class."""
+    lines = [f"{'operator class':<18} {'fitted':>6} {'held out':>8} {'median |err|':>12} {'p90 |err|':>10} {'bias':>7}"]
+    for r in errors.to_dict(orient="records"):
+        bias = "n/a" if not math.isfinite(r["bias"]) else f"{100 * r['bias']:+.1f}%"
+        lines.append(
+            f"{r['op_class']:<18} {r['fitted']:>6} {r['held_out']:>8} {_pct(r['median']):>12} {_pct(r['p90']):>10} "
+            f"{bias:>7}"
+        )
+    return "\n".join(lines)
