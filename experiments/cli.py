@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "experiments.roofline",
     "experiments.validate_kernels",
     "experiments.kv_usage",
+    "experiments.calibrate",
+    "experiments.validate",
 )
 
 

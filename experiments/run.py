@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
 
+    add_run_arguments(p)
+    p.set_defaults(func=main)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> None:
+    """The fields of a run config as flags (vLLM's names), in groups; flags not given override nothing. ``simulator``
+    adds the simulator's own (engine, ITL keeping, goodput SLOs)."""
     g = p.add_argument_group("replica")
     g.add_argument("--model", default=S, help="built-in model (llama-3-8b, ...) or path to a HF config.json")
     g.add_argument("--hardware", default=S, help="built-in hardware profile (h100-sxm, ...) or path to a profile")
@@ -86,6 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--lengths-max-total", type=int, default=S, help="with --lengths-from: drop longer rows")
     g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
+    if not simulator:
+        return
     g = p.add_argument_group("simulator")
     g.add_argument(
         "--engine",
@@ -102,14 +111,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--goodput", nargs="+", default=S, metavar="NAME:MS", help="SLOs for request_goodput: ttft:MS tpot:MS e2el:MS"
     )
-    p.set_defaults(func=main)
 
 
 _NOT_FIELDS = {"command", "func", "config", "out", "json", "debug"}
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_FIELDS}
+def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = frozenset()) -> RunConfig:
+    """The run config the flags (and ``--config FILE``) describe; ``not_fields`` are a command's own flags."""
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_FIELDS | not_fields}
     if "goodput" in overrides:
         overrides["goodput"] = parse_goodput(overrides["goodput"])
     if args.config is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import policies
-from costmodel import CostModel, MemoryPlan, load_hardware, load_model
+from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
 from experiments.config import RunConfig
 from sim.engine import simulate
 from sim.kvcache import KVCacheManager
@@ -62,16 +62,38 @@ def resolve(config: RunConfig, max_position_embeddings: int) -> RunConfig:
     return config.model_copy(update={"scheduler": policies.SchedulerConfig(**fields)})
 
 
-def run_simulation(
-    config: RunConfig,
-    workload: Workload | None = None,
-    on_progress: Callable[[float, int, int], None] | None = None,
-    timings: dict[str, float] | None = None,
-) -> RunResult:
-    """Simulate one replica under ``config``; returns the records and the summary. ``workload`` replaces the one
-    ``config.workload`` describes (sweeps build it once and reuse it); ``on_progress(now, unfinished, total)`` is called
-    now and then during the run with the simulated clock and the requests not yet ended; ``timings``, if given,
-    receives the wall seconds of the simulation call (``simulate_s``)."""
+@dataclass
+class Replica:
+    """What a config makes of one replica: the resolved config, the model, the device, the cost model, the memory."""
+
+    config: RunConfig  # resolved (max_model_len and the token budget filled in)
+    model: ModelSpec
+    hardware: HardwareProfile
+    cost: CostModel
+    memory: MemoryPlan
+
+    def new_requests(self, workload: Workload) -> tuple[RequestTable, KVCacheManager]:
+        """A fresh request table and KV cache for one run of ``workload`` on this replica."""
+        requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
+        kv = KVCacheManager(
+            self.memory.num_gpu_blocks, self.memory.block_size, len(requests), watermark=self.config.kv_watermark
+        )
+        return requests, kv
+
+    def result(self, workload: Workload, records: RunRecords, hardware: str | None = None) -> RunResult:
+        """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device)."""
+        records.request_ids = workload.request_id
+        summary = summarize(records, self.config.goodput)
+        summary["model"] = self.model.name
+        summary["hardware"] = hardware or self.hardware.name
+        summary["workload"] = workload.source
+        summary["memory"] = memory_summary(self.memory)
+        summary["config"] = self.config.to_jsonable()
+        return RunResult(self.config, self.memory, workload, records, summary)
+
+
+def build_replica(config: RunConfig) -> Replica:
+    """Load the model and the hardware profile, build the cost model, resolve the config, plan the memory."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
     cost = CostModel(
@@ -91,26 +113,33 @@ def run_simulation(
     )
     if config.num_gpu_blocks_override is not None:
         memory = dataclasses.replace(memory, num_gpu_blocks=config.num_gpu_blocks_override)
+    return Replica(config, model, hardware, cost, memory)
+
+
+def run_simulation(
+    config: RunConfig,
+    workload: Workload | None = None,
+    on_progress: Callable[[float, int, int], None] | None = None,
+    timings: dict[str, float] | None = None,
+) -> RunResult:
+    """Simulate one replica under ``config``; returns the records and the summary. ``workload`` replaces the one
+    ``config.workload`` describes (sweeps build it once and reuse it); ``on_progress(now, unfinished, total)`` is called
+    now and then during the run with the simulated clock and the requests not yet ended; ``timings``, if given,
+    receives the wall seconds of the simulation call (``simulate_s``)."""
+    replica = build_replica(config)
+    config = replica.config
     policy = policies.get(config.scheduler)
     if workload is None:
         workload = build_workload(config)
-    requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
-    kv = KVCacheManager(memory.num_gpu_blocks, memory.block_size, len(requests), watermark=config.kv_watermark)
+    requests, kv = replica.new_requests(workload)
     exact = {"auto": None, "exact": True, "histogram": False}[config.itl]
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
-    records = simulate(requests, policy, cost, kv, config.scheduler.max_model_len, config.engine, exact, report)
+    records = simulate(requests, policy, replica.cost, kv, config.scheduler.max_model_len, config.engine, exact, report)
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
-    records.request_ids = workload.request_id
-    summary = summarize(records, config.goodput)
-    summary["model"] = model.name
-    summary["hardware"] = hardware.name
-    summary["workload"] = workload.source
-    summary["memory"] = memory_summary(memory)
-    summary["config"] = config.to_jsonable()
-    return RunResult(config, memory, workload, records, summary)
+    return replica.result(workload, records)
 
 
 def memory_summary(memory: MemoryPlan) -> dict[str, Any]:

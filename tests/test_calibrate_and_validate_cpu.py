@@ -1,0 +1,90 @@
+"""The whole loop on this machine's CPU (needs torch): `ferry calibrate --quick` measures tiny-llama's kernels and
+executor iterations and fits a profile; `ferry validate` serves a trace on the real model and simulates it with that
+profile. What must hold: the fit predicts the measurements it did not see, and the simulation predicts the real run.
+
+Assertions are on medians over many points or iterations, never on absolute speed; the margins held over repeated
+runs on a noisy 2-core machine, one of them with the other core kept busy (see the README's calibration section)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from costmodel import load_hardware  # noqa: E402
+from costmodel.hardware import OP_CLASSES  # noqa: E402
+from experiments.cli import main  # noqa: E402
+
+# held-out median |predicted / measured - 1| per operator class that a quick CPU calibration must reach. Over 28 runs
+# on the 2-core CI machine (4 rounds of 7 over successive versions, 2 per round with the other core busy) the worst
+# were gemm 21%, attention 23%, elementwise 31% and whole iterations 14%: one roofline curve per class follows a CPU's
+# kernels less closely than a GPU's (README: "Calibration and validation"); whole iterations are what the simulator
+# needs.
+HELD_OUT_MEDIAN = {
+    "gemm": 0.35,
+    "attention_prefill": 0.35,
+    "attention_decode": 0.35,
+    "elementwise": 0.45,
+    "iteration": 0.20,
+}
+WORKLOAD = [
+    "--policy", "chunked", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
+    "--num-prompts", "24", "--request-rate", "2", "--input-len", "uniform:32:192", "--output-len", "uniform:8:48",
+    "--seed", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("calibration") / "cpu.calibrated.yaml"
+    args = ["calibrate", "--device", "cpu", "--threads", "1", "--dtype", "float32", "--model", "tiny-llama"]
+    assert main([*args, "--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_quick_cpu_calibration_predicts_held_out_measurements(calibrated: Path) -> None:
+    hw = load_hardware(str(calibrated))
+    assert hw.kind == "calibrated"
+    assert hw.provenance.settings is not None and hw.provenance.settings["threads"] == "1"
+    errors = hw.provenance.held_out_error or {}
+    assert set(errors) == {*OP_CLASSES, "iteration"}
+    for op_class, limit in HELD_OUT_MEDIAN.items():
+        assert errors[op_class]["n"] >= 5
+        assert errors[op_class]["median"] < limit, (op_class, errors[op_class])
+    raw = pd.read_csv(calibrated.with_name("cpu.calibrated.raw.csv"))
+    kernels = raw[raw["op_class"].isin(OP_CLASSES)]
+    assert (kernels["min_s"] <= kernels["median_s"]).all() and (kernels["median_s"] <= kernels["max_s"]).all()
+    assert set(raw["op"]) >= {"copy", "empty", "iteration", "qkv_proj", "attention_prefill", "attention_decode"}
+    assert sorted(raw.loc[raw["op"] == "iteration", "layers"].unique()) == [2, 4]
+
+
+def test_refitting_the_raw_measurements_gives_the_same_profile(calibrated: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again.yaml"
+    raw = calibrated.with_name("cpu.calibrated.raw.csv")
+    assert main(["calibrate", "--from-measurements", str(raw), "--out", str(again)]) == 0
+    first, second = load_hardware(str(calibrated)), load_hardware(str(again))
+    assert first.efficiency == second.efficiency and first.overheads == second.overheads
+
+
+def test_validate_on_the_cpu_matches_the_real_run(calibrated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "validate"
+    args = ["validate", "--model", "tiny-llama", "--hardware", str(calibrated), *WORKLOAD, "--out", str(out)]
+    assert main(args) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    metrics = comparison["metrics"]
+    for key in ("median_ttft_ms", "median_itl_ms"):
+        assert abs(metrics[key]["rel_error"]) < 0.25, (key, metrics[key])
+    # the cost model on the very iterations the real run executed
+    assert comparison["iterations"]["n"] > 50
+    assert comparison["iterations"]["median_abs_rel_error"] < 0.25
+    real = json.loads((out / "real" / "summary.json").read_text())
+    sim = json.loads((out / "sim" / "summary.json").read_text())
+    assert real["completed"] == sim["completed"] == 24
+    for run in ("real", "sim"):
+        assert (out / run / "requests.csv").is_file() and (out / run / "iterations.csv").is_file()
+    iterations = pd.read_csv(out / "iterations.csv")
+    assert len(iterations) == real["num_iterations"] and (iterations["measured_s"] > 0).all()
