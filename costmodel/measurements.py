@@ -15,6 +15,7 @@ summarises relative errors. The calibration harness fits the hardware profile's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +191,13 @@ def spec_of(row: pd.Series) -> ModelSpec:
     return _spec(row)
 
 
+def row_keys(group: pd.DataFrame) -> Iterator[tuple[int, tuple[str, int, int, int, int]]]:
+    """(row index, (op, tokens, batch, chunk, context)) of each measured row: what ``row_shape`` takes."""
+    columns = ("op", "num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size")
+    for idx, op, tokens, batch, chunk, ctx in zip(group.index, *(group[c] for c in columns), strict=True):
+        yield int(idx), (str(op), int(tokens), int(batch), int(chunk), int(ctx))
+
+
 def row_shape(op: str, tokens: int, batch: int, chunk: int, ctx: int) -> tuple[IterationShape, dict[str, int]]:
     """The iteration shape whose kernels a measured row timed, and those kernels with their instances per row."""
     if op == "attention_decode":
@@ -215,19 +223,10 @@ def predict(df: pd.DataFrame, profiles: dict[str, HardwareProfile] | None = None
         if hw_name not in profiles:
             profiles[hw_name] = load_hardware(hw_name)
         cm = CostModel(_spec(first), profiles[hw_name], tp=int(first["tp"]), dtype="float16")
-        cache: dict[tuple[str, int, int, int], tuple[float, float, float]] = {}
-        for idx, op, tokens, batch, chunk, ctx in zip(
-            group.index,
-            group["op"],
-            group["num_tokens"],
-            group["batch_size"],
-            group["prefill_chunk_size"],
-            group["kv_cache_size"],
-            strict=True,
-        ):
-            key = (op, int(tokens), int(batch), int(ctx))
+        cache: dict[tuple[str, int, int, int, int], tuple[float, float, float]] = {}
+        for idx, key in row_keys(group):
             if key not in cache:
-                shape, wanted = row_shape(op, int(tokens), int(batch), int(chunk), int(ctx))
+                shape, wanted = row_shape(*key)
                 ks = [k for k in cm.kernels(shape) if k.name in wanted]
                 cache[key] = (
                     sum(wanted[k.name] * k.flops for k in ks),

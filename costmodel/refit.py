@@ -22,7 +22,7 @@ import pandas as pd
 from costmodel.calibrated import FitResult, fit_profile
 from costmodel.fit import ClassFit, Flat, WorkCounter, dump_terms, error_summary, load_terms, terms_of
 from costmodel.hardware import HardwareProfile, load_hardware, parse_hardware
-from costmodel.measurements import load_vidur, row_shape, spec_of
+from costmodel.measurements import load_vidur, row_keys, row_shape, spec_of
 from costmodel.roofline import KernelCost
 
 # ferry operator (as measurements.py names Vidur's columns) -> the operator class it is scored under
@@ -58,16 +58,7 @@ def to_raw(df: pd.DataFrame) -> pd.DataFrame:
         work = WorkCounter(spec_of(first), "float16", tp=int(first["tp"]))
         cache: dict[tuple[str, int, int, int, int], str] = {}
         shapes: dict[tuple[str, int, int, int, int], list[KernelCost]] = {}  # the linear ops share one shape per count
-        for i, op, tokens, batch, chunk, ctx in zip(
-            group.index,
-            group["op"],
-            group["num_tokens"],
-            group["batch_size"],
-            group["prefill_chunk_size"],
-            group["kv_cache_size"],
-            strict=True,
-        ):
-            key = (str(op), int(tokens), int(batch), int(chunk), int(ctx))
+        for i, key in row_keys(group):
             if key not in cache:
                 shape, wanted = row_shape(*key)
                 kind = key[0] if key[0].startswith("attention") else "linear"
