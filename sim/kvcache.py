@@ -43,10 +43,6 @@ class KVCacheManager:
         """Blocks needed to hold ``tokens`` tokens (ceil division)."""
         return -(-tokens // self.block_size)
 
-    def fits_ever(self, tokens: int) -> bool:
-        """Whether a request of ``tokens`` tokens could fit in the cache if it were alone."""
-        return -(-tokens // self.block_size) <= self.num_blocks
-
     def extra_blocks(self, req: int, tokens: int) -> int:
         """Blocks ``req`` must add to hold ``tokens`` tokens in all (0 if it already holds enough)."""
         return max(0, -(-tokens // self.block_size) - int(self.held[req]))
