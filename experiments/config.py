@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.config import SchedulerConfig
+from policies.vllm_defaults import LATEST, OLDEST, release_in_force
 from sim.workload import FORMATS, LengthSpec, parse_length_spec
 
 
@@ -71,7 +72,25 @@ class RunConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory ferry may use")
     block_size: int = Field(16, ge=1, description="tokens per KV-cache block")
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks to use instead of the computed")
-    kv_watermark: float = Field(0.0, ge=0, lt=1, description="share of KV blocks admission keeps free")
+    kv_watermark: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="share of KV blocks admission keeps free while something runs (vLLM's watermark); default the "
+        "modelled engine's: 0.01 for continuous without mixing (vLLM V0), else 0 (V1)",
+    )
+    vllm_defaults: str = Field(
+        LATEST,
+        description="vLLM release whose `vllm serve` defaults (for the hardware profile) fill max_num_seqs, "
+        "max_num_batched_tokens, scheduler_reserve_full_isl and kv_watermark when they are not given "
+        f"(continuous, chunked); {OLDEST} or later",
+    )
+    stream: bool | None = Field(
+        None,
+        description="clients receive tokens as they are made (streaming); false: each response arrives whole when "
+        "its request gives back its seat. Default: streamed, except static and dynamic batching (whose members' "
+        "responses arrive when the batch ends)",
+    )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     goodput: dict[str, float] = Field(default_factory=dict, description="SLOs in ms: ttft, tpot, e2el")
@@ -88,6 +107,12 @@ class RunConfig(BaseModel):
     @classmethod
     def _nest(cls, data: Any) -> Any:
         return nest_flat_fields(data)
+
+    @field_validator("vllm_defaults")
+    @classmethod
+    def _release(cls, value: str) -> str:
+        release_in_force(value)  # refuses what is not a release ferry knows the defaults of
+        return value
 
     @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -21,7 +21,7 @@ import numpy as np
 
 from costmodel.shape import IterationShape
 from experiments.llama import Llama
-from sim.engine import Scheduler, decide
+from sim.engine import Scheduler, decide, describe_run
 from sim.kvcache import KVCacheManager
 from sim.records import RunRecords
 from sim.request import RequestTable, Status
@@ -157,15 +157,17 @@ def replay(
     kv: KVCacheManager,
     max_model_len: int,
     clock: Callable[[], float] = time.perf_counter,
+    stream: bool | None = None,
 ) -> RealRun:
     """Serve ``requests`` (arrival times in seconds from now) through ``policy`` on ``executor``'s model, in real
-    time; returns the records with real times. The request table is the run's state: give each run a new one."""
+    time; returns the records with real times (``stream``: how clients receive tokens, None for the policy's
+    default). The request table is the run's state: give each run a new one."""
     if (requests.status != Status.PENDING).any() or requests.computed.any():
         raise ValueError("this RequestTable has already been run; build a new one for each run")
     executor.warmup()
     _warm_up_policy(policy, executor.model, max_model_len)
     state = SchedulerState(requests, kv, max_model_len)
-    run = RealRun(state.records)
+    run = RealRun(describe_run(state.records, policy, stream))
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()  # no collector pauses inside timed iterations (the run is short; memory is freed after)

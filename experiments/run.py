@@ -12,6 +12,8 @@ import policies
 from experiments.config import RunConfig
 from experiments.progress import Progress
 from experiments.simulation import run_simulation, write_outputs
+from policies.config import CHUNKED_ORDERS
+from policies.vllm_defaults import LATEST
 from sim.metrics import parse_goodput
 from sim.workload import FORMATS
 
@@ -51,18 +53,50 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     g.add_argument("--gpu-memory-utilization", type=float, default=S, help="share of GPU memory used (0.9)")
     g.add_argument("--block-size", type=int, default=S, help="tokens per KV-cache block (16)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=S, help="use this many KV blocks")
-    g.add_argument("--kv-watermark", type=float, default=S, help="share of KV blocks admission leaves free (0)")
+    g.add_argument(
+        "--kv-watermark",
+        "--watermark",
+        dest="kv_watermark",
+        type=float,
+        default=S,
+        help="share of KV blocks admission leaves free while something runs (the engine's: 0.01 V0, 0 V1)",
+    )
 
     g = p.add_argument_group("scheduler")
     g.add_argument("--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (continuous)")
     g.add_argument("--max-model-len", type=int, default=S, help="max prompt+output tokens (model's context)")
-    g.add_argument("--max-num-seqs", type=int, default=S, help="max sequences per iteration (256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=S, help="max tokens per iteration")
+    g.add_argument(
+        "--vllm-defaults",
+        metavar="VERSION",
+        default=S,
+        help=f"vLLM release whose `vllm serve` defaults for the device fill the limits not given ({LATEST})",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=S, help="max sequences per iteration (vLLM's for the device)")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=S, help="max tokens per iteration (vLLM's for the device)"
+    )
     g.add_argument("--long-prefill-token-threshold", type=int, default=S, help="chunked: max chunk per request")
+    g.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=S,
+        help="chunked: admit a request only if its whole prompt fits the free KV cache (vLLM >= 0.19), or only its "
+        "first chunk (--no-...)",
+    )
+    g.add_argument(
+        "--chunked-order",
+        choices=CHUNKED_ORDERS,
+        default=S,
+        help="chunked: vllm (one pass over running requests, V1) or decodes-first (Sarathi-Serve) (vllm)",
+    )
     g.add_argument("--mix-prefill-decode", action="store_true", default=S, help="continuous: mix in one iteration")
     g.add_argument("--max-batch-size", type=int, default=S, help="static, dynamic: requests per batch (8)")
-    g.add_argument("--max-delay-ms", type=float, default=S, help="dynamic: longest wait of the oldest request")
-    g.add_argument("--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once")
+    g.add_argument(
+        "--max-delay-ms", type=float, default=S, help="dynamic: longest wait of the oldest request (0, Triton's)"
+    )
+    g.add_argument(
+        "--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once (Triton)"
+    )
     g.add_argument(
         "--kv-reservation",
         choices=("paged", "output", "max_model_len"),
@@ -93,6 +127,13 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
     g.add_argument("--lengths-max-total", type=int, default=S, help="with --lengths-from: drop longer rows")
     g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
+    g.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=S,
+        help="clients receive tokens as made; --no-stream: whole responses when a request gives back its seat "
+        "(default: stream, except static and dynamic)",
+    )
     if not simulator:
         return
     g = p.add_argument_group("simulator")
@@ -154,6 +195,41 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The header lines that say what the policy ran with: its limits (and whose defaults they are), the KV
+    admission rule and watermark, and how responses reach the client."""
+    cfg = s["config"]
+    sched = cfg["scheduler"]
+    policy = sched["policy"]
+    vllm = s.get("vllm_defaults") or {}
+    applied = set(vllm.get("applied", ()))
+
+    def mark(field: str) -> str:
+        return f" (vLLM {vllm['release']})" if field in applied else ""
+
+    rows: list[tuple[str, Any]] = []
+    if policy in ("continuous", "chunked"):
+        if applied:
+            rows.append(("`vllm serve` defaults", f"{vllm['release']} {vllm['engine']}, {vllm['tier']}"))
+        rows.append(("Max num seqs", f"{sched['max_num_seqs']:,}{mark('max_num_seqs')}"))
+        rows.append(("Max num batched tokens", f"{sched['max_num_batched_tokens']:,}{mark('max_num_batched_tokens')}"))
+        if policy == "chunked":
+            admission = "whole prompt fits" if sched["scheduler_reserve_full_isl"] else "first chunk fits"
+            rows.append(("KV admission", f"{admission}{mark('scheduler_reserve_full_isl')}"))
+            rows.append(("Order of running requests", sched["chunked_order"]))
+    elif policy in ("static", "dynamic"):
+        rows.append(("Max batch size", sched["max_batch_size"]))
+        if policy == "dynamic":
+            preferred = sched["preferred_batch_sizes"] or [sched["max_batch_size"]]
+            rows.append(
+                ("Max delay (ms) / preferred sizes", f"{sched['max_delay_ms']:g} / {','.join(map(str, preferred))}")
+            )
+    rows.append(("KV watermark", f"{cfg['kv_watermark']:g}{mark('kv_watermark')}"))
+    whole = "whole, when the batch ends" if policy in ("static", "dynamic") else "whole, at the last token"
+    rows.append(("Responses", "streamed" if cfg["stream"] else whole))
+    return rows
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A readable table of the summary, in sections, like `vllm bench serve` prints."""
     cfg = s["config"]
@@ -163,6 +239,7 @@ def format_summary(s: dict[str, Any]) -> str:
         "ferry run",
         ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}"),
         ("Policy", sched["policy"]),
+        *scheduler_rows(s),
         ("Workload", s["workload"]),
         (
             "KV cache per replica",

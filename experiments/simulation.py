@@ -17,7 +17,8 @@ import numpy as np
 import policies
 from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
 from experiments.config import RunConfig
-from sim.engine import simulate
+from policies.vllm_defaults import EngineDefaults, engine_defaults
+from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
 from sim.lengths import read_length_pairs
 from sim.metrics import request_frame, summarize
@@ -47,36 +48,69 @@ def build_workload(config: RunConfig) -> Workload:
     return synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
 
 
-def resolve(config: RunConfig, max_position_embeddings: int) -> RunConfig:
-    """Fill in what depends on the model: ``max_model_len`` defaults to the model's context length (as vLLM), and
-    may not exceed it; the token budget default follows from it."""
+def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> tuple[RunConfig, EngineDefaults | None]:
+    """Fill in what the user left to the model, the device and the modelled engine: ``max_model_len`` defaults to the
+    model's context length (as vLLM), and may not exceed it; for continuous and chunked batching, the limits, the
+    admission rule and the watermark a default ``vllm serve`` of ``config.vllm_defaults`` picks on this device
+    (returned too); the token budget and seat limit otherwise follow ``SchedulerConfig``'s fallbacks; the delivery
+    (``stream``) defaults to the policy's."""
     sched = config.scheduler
-    explicit = "max_model_len" in sched.model_fields_set
-    max_len = sched.max_model_len if explicit else max_position_embeddings
+    given = sched.model_fields_set
+    max_position_embeddings = model.max_position_embeddings
+    max_len = sched.max_model_len if "max_model_len" in given else max_position_embeddings
     if max_len > max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_len} exceeds the model's max_position_embeddings={max_position_embeddings}"
         )
     fields = sched.model_dump(exclude_unset=True) | {"max_model_len": max_len}
-    fields["max_num_batched_tokens"] = policies.SchedulerConfig(**fields).token_budget
-    return config.model_copy(update={"scheduler": policies.SchedulerConfig(**fields)})
+    vllm = None
+    if sched.policy in ("continuous", "chunked"):
+        settings = hardware.provenance.settings or {}
+        vllm = engine_defaults(
+            config.vllm_defaults,
+            sched.policy,
+            memory_gib=hardware.memory_capacity_gib.value,
+            device_name=f"{hardware.name} {hardware.description}",
+            max_model_len=max_len,
+            world_size=config.tensor_parallel_size,
+            cpu=settings.get("device", "").startswith("cpu"),
+            mix_prefill_decode=sched.mix_prefill_decode,
+        )
+        limits = ("max_num_batched_tokens", "max_num_seqs") + (
+            ("scheduler_reserve_full_isl",) if sched.policy == "chunked" else ()
+        )
+        applied = [k for k in limits if k not in fields] + (["kv_watermark"] if config.kv_watermark is None else [])
+        fields.setdefault("max_num_batched_tokens", vllm.max_num_batched_tokens)
+        fields.setdefault("max_num_seqs", min(vllm.max_num_seqs, fields["max_num_batched_tokens"]))
+        fields.setdefault("scheduler_reserve_full_isl", vllm.scheduler_reserve_full_isl)
+        vllm = dataclasses.replace(vllm, applied=tuple(applied))
+    resolved = policies.SchedulerConfig(**fields)
+    fields["max_num_batched_tokens"] = resolved.token_budget
+    fields["max_num_seqs"] = resolved.seq_limit
+    update: dict[str, Any] = {"scheduler": policies.SchedulerConfig(**fields)}
+    if config.kv_watermark is None:
+        update["kv_watermark"] = vllm.watermark if vllm is not None else 0.0
+    if config.stream is None:
+        update["stream"] = default_stream(policies.get_class(sched.policy))
+    return config.model_copy(update=update), vllm
 
 
 @dataclass
 class Replica:
     """What a config makes of one replica: the resolved config, the model, the device, the cost model, the memory."""
 
-    config: RunConfig  # resolved (max_model_len and the token budget filled in)
+    config: RunConfig  # resolved (max_model_len, the limits, the watermark and the delivery filled in)
     model: ModelSpec
     hardware: HardwareProfile
     cost: CostModel
     memory: MemoryPlan
+    vllm: EngineDefaults | None = None  # the `vllm serve` defaults the config took (continuous, chunked)
 
     def new_requests(self, workload: Workload) -> tuple[RequestTable, KVCacheManager]:
         """A fresh request table and KV cache for one run of ``workload`` on this replica."""
         requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
         kv = KVCacheManager(
-            self.memory.num_gpu_blocks, self.memory.block_size, len(requests), watermark=self.config.kv_watermark
+            self.memory.num_gpu_blocks, self.memory.block_size, len(requests), watermark=self.config.kv_watermark or 0.0
         )
         return requests, kv
 
@@ -88,6 +122,8 @@ class Replica:
         summary["hardware"] = hardware or self.hardware.name
         summary["workload"] = workload.source
         summary["memory"] = memory_summary(self.memory)
+        if self.vllm is not None:
+            summary["vllm_defaults"] = dataclasses.asdict(self.vllm)
         summary["config"] = self.config.to_jsonable()
         return RunResult(self.config, self.memory, workload, records, summary)
 
@@ -104,16 +140,31 @@ def build_replica(config: RunConfig) -> Replica:
         kv_cache_dtype=None if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
         quantization=config.quantization,
     )
-    config = resolve(config, model.max_position_embeddings)
+    config, vllm = resolve(config, model, hardware)
     memory = cost.memory_plan(
         config.gpu_memory_utilization,
         config.block_size,
         max_num_batched_tokens=config.scheduler.token_budget,
-        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_seqs=config.scheduler.seq_limit,
     )
     if config.num_gpu_blocks_override is not None:
         memory = dataclasses.replace(memory, num_gpu_blocks=config.num_gpu_blocks_override)
-    return Replica(config, model, hardware, cost, memory)
+    check_max_model_len_fits(config.scheduler.max_model_len, memory)
+    return Replica(config, model, hardware, cost, memory, vllm)
+
+
+def check_max_model_len_fits(max_model_len: int, memory: MemoryPlan) -> None:
+    """Refuse to start when one request of ``max_model_len`` tokens cannot fit the KV cache, as vLLM does
+    (``check_enough_kv_cache_memory``, ``vllm/v1/core/kv_cache_utils.py``; ``kv_cache_planning.py`` in 0.33.0)."""
+    need = -(-max_model_len // memory.block_size)
+    if need > memory.num_gpu_blocks:
+        fits = memory.num_gpu_blocks * memory.block_size
+        raise ValueError(
+            f"max_model_len={max_model_len}: one request that long needs {need:,} KV blocks of {memory.block_size} "
+            f"tokens, but the cache has {memory.num_gpu_blocks:,} ({fits:,} tokens); lower --max-model-len to at most "
+            f"{fits:,}, or give the cache more room (--gpu-memory-utilization, --tensor-parallel-size, "
+            "--kv-cache-dtype, --num-gpu-blocks-override)"
+        )
 
 
 def run_simulation(
@@ -136,7 +187,9 @@ def run_simulation(
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
-    records = simulate(requests, policy, replica.cost, kv, config.scheduler.max_model_len, config.engine, exact, report)
+    records = simulate(
+        requests, policy, replica.cost, kv, config.scheduler.max_model_len, config.engine, exact, report, config.stream
+    )
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
     return replica.result(workload, records)

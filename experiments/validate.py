@@ -135,15 +135,16 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
     max_len = min(longest, config.scheduler.max_model_len) + 1
     llama = Llama.build(config.model, device, dtype, max_len=max_len, seed=seed)
     requests, kv = replica.new_requests(workload)
-    seats = min(len(requests), max(config.scheduler.max_num_seqs, config.scheduler.max_batch_size))
+    seats = min(len(requests), max(config.scheduler.seq_limit, config.scheduler.max_batch_size))
     executor = Executor(llama, requests, np.random.default_rng(seed), slots=seats)
-    real_run = replay(requests, policy, executor, kv, config.scheduler.max_model_len)
+    real_run = replay(requests, policy, executor, kv, config.scheduler.max_model_len, stream=config.stream)
     real = replica.result(workload, real_run.records, f"real: {K.device_of(device).type}, {replica.model.name}")
     real.summary["device"] = _device_words(device)
 
     # the simulated run: the same policy object on the reference engine (the compiled one runs a numba twin)
     requests, kv = replica.new_requests(workload)
-    sim = replica.result(workload, simulate(requests, policy, cost, kv, config.scheduler.max_model_len, "reference"))
+    simulated = simulate(requests, policy, cost, kv, config.scheduler.max_model_len, "reference", stream=config.stream)
+    sim = replica.result(workload, simulated)
 
     measured = real_run.durations()
     predicted = np.array([cost.iteration_time(s) for s in real_run.shapes])

@@ -42,21 +42,24 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def get_class(name: str) -> Any:
+    """The policy class ``name`` names: a registered name, or ``package.module:Class``."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
+
+
 def get(config: SchedulerConfig) -> Policy:
     """Build the policy ``config.policy`` names: a registered name, or ``package.module:Class`` for a user's own
     policy (a class with ``from_config(SchedulerConfig)`` and ``schedule(state)``)."""
     name = config.policy
-    cls: Any
-    if name in _REGISTRY:
-        cls = _REGISTRY[name]
-    elif ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
-    else:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
+    cls = get_class(name)
     policy = cls.from_config(config)
     if not isinstance(policy, Policy):
         raise ValueError(f"policy {name!r} has no schedule(state) method")
@@ -130,6 +133,40 @@ def schedule_decodes(state: SchedulerState, batch: BatchBuilder) -> None:
             batch.add(req, 1)
 
 
+def schedule_running(state: SchedulerState, batch: BatchBuilder, chunk_cap: int) -> None:
+    """vLLM V1's first pass (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``, "First, schedule the
+    RUNNING requests"; V0's ``_schedule_running`` makes the same pass): the running requests in admission order,
+    decodes and unfinished prefills interleaved, each given what it still needs (one decode token, or its next prompt
+    or recompute chunk of at most ``chunk_cap``) within the budget left, until the budget is spent. When a request's
+    KV does not fit, the last running request is preempted by recompute, until it fits or the request itself was the
+    last (which ends the pass)."""
+    reqs, kv = state.reqs, state.kv
+    running = np.array(state.running, dtype=np.int64)
+    if not len(running) or batch.budget <= 0:
+        return
+    # the common case first: everyone the budget reaches fits in the cache (all or nothing; same holdings as one by
+    # one when all succeed)
+    want = np.minimum(reqs.remaining(running), chunk_cap)
+    before = np.cumsum(want) - want  # tokens given to those ahead of each request
+    reached = int(np.searchsorted(before, batch.budget, side="left"))
+    take = np.minimum(want[:reached], batch.budget - before[:reached])
+    if kv.allocate_all(running[:reached], reqs.computed[running[:reached]] + take):
+        batch.ids.extend(running[:reached].tolist())
+        batch.num_new.extend(take.tolist())
+        batch.scheduled.update(batch.ids[-reached:])
+        batch.budget -= int(take.sum())
+        return
+    for req in running.tolist():
+        if batch.budget <= 0:
+            return
+        if reqs.status[req] != Status.RUNNING:  # preempted as a victim earlier in this pass
+            continue
+        tokens = min(int(reqs.remaining(req)), chunk_cap, batch.budget)
+        if not allocate_or_preempt(state, req, int(reqs.computed[req]) + tokens, batch):
+            return  # it was the last running request and has been preempted itself
+        batch.add(req, tokens)
+
+
 def schedule_partial_prefills(state: SchedulerState, batch: BatchBuilder, chunk_cap: int) -> None:
     """Continue running requests whose prefill (or recompute) is unfinished, in chunks of at most ``chunk_cap``."""
     reqs = state.reqs
@@ -158,13 +195,22 @@ def reserved_tokens(state: SchedulerState, req: int, tokens: int, reservation: s
 
 
 def admit_waiting(
-    state: SchedulerState, batch: BatchBuilder, max_num_seqs: int, chunk_cap: int | None, reservation: str = "paged"
+    state: SchedulerState,
+    batch: BatchBuilder,
+    max_num_seqs: int,
+    chunk_cap: int | None,
+    reservation: str = "paged",
+    full_prompt: bool = True,
 ) -> int:
     """Admit waiting requests FCFS while seats, budget and memory allow; returns how many were admitted.
 
     ``chunk_cap=None`` admits whole prompts only (no chunking: a prompt that does not fit the budget left waits, and
     so does everyone behind it); otherwise the first chunk is cut to the budget left and to ``chunk_cap``. A request
-    is admitted only if the KV its ``reservation`` asks for fits."""
+    is admitted only if the KV its ``reservation`` asks for fits and, with ``full_prompt`` (vLLM's
+    ``scheduler_reserve_full_isl``, ``KVCacheManager.allocate_slots(full_sequence_must_fit=True)``), if the KV of
+    all the tokens it holds (its prompt, plus what it had generated before a preemption) would fit as well, though
+    only its first chunk's blocks are allocated now. Without ``full_prompt`` only the first chunk must fit (vLLM V1
+    before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running."""
     reqs, kv = state.reqs, state.kv
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
@@ -174,8 +220,9 @@ def admit_waiting(
         if chunk > batch.budget:
             break
         tokens = reserved_tokens(state, req, int(reqs.computed[req]) + chunk, reservation)
+        check = max(tokens, int(reqs.total_tokens(req))) if full_prompt else tokens
         # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
-        if not kv.can_allocate(req, tokens, admission=bool(state.running)):
+        if not kv.can_allocate(req, check, admission=bool(state.running)):
             break
         state.admit_next()
         kv.allocate(req, tokens)

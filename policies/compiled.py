@@ -22,6 +22,8 @@ from sim.fast_state import (
     B_HOLD,
     BLOCK_SIZE,
     COMPUTED,
+    GENERATED,
+    HELD,
     MAX_MODEL_LEN,
     NUM_BLOCKS,
     OUTPUT,
@@ -31,10 +33,12 @@ from sim.fast_state import (
     RUNNING_Q,
     SCRATCH,
     STATUS,
+    USED,
     W_LEN,
     admit_next,
     batch_add,
     batch_start,
+    blocks_for,
     in_batch,
     is_prefilling,
     kv_allocate,
@@ -105,6 +109,51 @@ def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, budget: int) -> t
 
 
 @njit(cache=True)
+def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
+    """``policies.base.schedule_running``, with the same all-or-nothing fast path; returns (budget left,
+    preempted)."""
+    n = sc[R_LEN]
+    # the common case first: everyone the budget reaches fits in the cache
+    left = budget
+    extra = 0
+    reached = 0
+    for k in range(n):
+        if left <= 0:
+            break
+        req = wk[RUNNING_Q, k]
+        tokens = min(remaining(ri, req), cap, left)
+        extra += max(blocks_for(sc, ri[COMPUTED, req] + tokens) - ri[HELD, req], 0)
+        left -= tokens
+        reached += 1
+    if extra <= sc[NUM_BLOCKS] - sc[USED]:
+        for k in range(reached):
+            req = wk[RUNNING_Q, k]
+            tokens = min(remaining(ri, req), cap, budget)
+            ri[HELD, req] = max(blocks_for(sc, ri[COMPUTED, req] + tokens), ri[HELD, req])
+            batch_add(ri, wk, sc, req, tokens)
+            budget -= tokens
+        sc[USED] += extra
+        return budget, False
+    snapshot = wk[SCRATCH]
+    snapshot[:n] = wk[RUNNING_Q, :n]
+    preempted = False
+    for k in range(n):
+        req = snapshot[k]
+        if budget <= 0:
+            break
+        if ri[STATUS, req] != RUNNING:
+            continue
+        tokens = min(remaining(ri, req), cap, budget)
+        granted, p = allocate_or_preempt(ri, wk, sc, req, ri[COMPUTED, req] + tokens)
+        preempted |= p
+        if not granted:
+            break
+        batch_add(ri, wk, sc, req, tokens)
+        budget -= tokens
+    return budget, preempted
+
+
+@njit(cache=True)
 def schedule_partial_prefills(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
     """``policies.base.schedule_partial_prefills``; returns (budget left, preempted)."""
     n = sc[R_LEN]
@@ -143,7 +192,14 @@ def reserved_tokens(ri: IntArray, sc: IntArray, req: int, tokens: int, reservati
 
 @njit(cache=True)
 def admit_waiting(
-    ri: IntArray, wk: IntArray, sc: IntArray, budget: int, max_seqs: int, cap: int, reservation: int
+    ri: IntArray,
+    wk: IntArray,
+    sc: IntArray,
+    budget: int,
+    max_seqs: int,
+    cap: int,
+    reservation: int,
+    full_prompt: bool,
 ) -> tuple[int, int]:
     """``policies.base.admit_waiting`` (``cap < 0``: whole prompts only); returns (budget left, admitted)."""
     admitted = 0
@@ -154,7 +210,8 @@ def admit_waiting(
         if chunk > budget:
             break
         tokens = reserved_tokens(ri, sc, req, ri[COMPUTED, req] + chunk, reservation)
-        if not kv_can_allocate(ri, sc, req, tokens, sc[R_LEN] > 0):
+        check = max(tokens, ri[PROMPT, req] + ri[GENERATED, req]) if full_prompt else tokens
+        if not kv_can_allocate(ri, sc, req, check, sc[R_LEN] > 0):
             break
         admit_next(ri, wk, sc)
         kv_allocate(ri, sc, req, tokens, False)
@@ -218,17 +275,25 @@ def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, pa
 
 @njit(cache=True)
 def _departure_size(rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, max_batch: int, now: float) -> int:
+    """``StaticBatching.departure_size`` and ``DynamicBatching.departure_size``; -1 for None."""
     queued = sc[W_LEN]
-    if queued >= max_batch:
-        return max_batch
-    if queued > 0 and next_arrival(rf, sc) == math.inf:  # the trace has ended: flush
-        return queued
-    if params[2] > 0:  # dynamic
-        for k in range(4, params.shape[0]):
-            if int(params[k]) <= queued:
+    if params[2] == 0:  # static
+        if queued >= max_batch:
+            return max_batch
+        if queued > 0 and next_arrival(rf, sc) == math.inf:  # the trace has ended: flush
+            return queued
+        return -1
+    if queued == 0:  # dynamic (Triton)
+        return -1
+    fill = min(queued, max_batch)
+    delay = params[3]
+    expired = delay > 0 and now >= rf[ARRIVAL, waiting_at(wk, sc, 0)] + delay
+    if not expired:
+        for k in range(4, params.shape[0]):  # preferred sizes, largest first
+            if int(params[k]) <= fill:
                 return int(params[k])
-        if queued > 0 and now >= rf[ARRIVAL, waiting_at(wk, sc, 0)] + params[3]:
-            return min(queued, max_batch)
+    if expired or delay == 0:
+        return fill
     return -1
 
 
@@ -243,24 +308,29 @@ def schedule_continuous(
     if params[2] > 0:
         budget, preempted = schedule_decodes(ri, wk, sc, budget)
         if not preempted:
-            admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation)
+            admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation, True)
     else:
-        budget, admitted = admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation)
+        budget, admitted = admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation, True)
         if admitted == 0:
             schedule_decodes(ri, wk, sc, budget)
     return math.inf
 
 
-# params of schedule_chunked: [max_num_seqs, max_num_batched_tokens, chunk cap, reservation]
+# params of schedule_chunked: [max_num_seqs, max_num_batched_tokens, chunk cap, reservation, full prompt (1/0),
+# order (index of policies.config.CHUNKED_ORDERS: 0 vllm, 1 decodes-first)]
 @njit(cache=True)
 def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
     """``policies.chunked.ChunkedPrefill``."""
     batch_start(sc)
     max_seqs, budget, cap = int(params[0]), int(params[1]), int(params[2])
-    budget, preempted = schedule_decodes(ri, wk, sc, budget)
-    budget, p = schedule_partial_prefills(ri, wk, sc, budget, cap)
-    if not (preempted or p):
-        admit_waiting(ri, wk, sc, budget, max_seqs, cap, int(params[3]))
+    if params[5] == 0:
+        budget, preempted = schedule_running(ri, wk, sc, budget, cap)
+    else:
+        budget, preempted = schedule_decodes(ri, wk, sc, budget)
+        budget, p = schedule_partial_prefills(ri, wk, sc, budget, cap)
+        preempted |= p
+    if not preempted:
+        admit_waiting(ri, wk, sc, budget, max_seqs, cap, int(params[3]), params[4] > 0)
     return math.inf
 
 

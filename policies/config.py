@@ -1,10 +1,17 @@
-"""Scheduler settings users write (command-line flags or YAML), with vLLM's names where vLLM has the knob."""
+"""Scheduler settings users write (command-line flags or YAML), with vLLM's names where vLLM has the knob.
+
+Fields left unset here take fixed fallbacks (``token_budget``, ``seq_limit``); a run (``experiments.simulation``)
+first fills them with what a default ``vllm serve`` picks on its device (``policies.vllm_defaults``).
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CHUNKED_ORDERS = ("vllm", "decodes-first")  # chunked: the order running requests take their tokens
+DEFAULT_MAX_NUM_SEQS = 256  # without a device (vLLM V0's default)
 
 
 class SchedulerConfig(BaseModel):
@@ -14,7 +21,12 @@ class SchedulerConfig(BaseModel):
 
     policy: str = Field("continuous", description="policy name (see `policies.names()`) or 'module:Class'")
     max_model_len: int = Field(4096, ge=1, description="max prompt + output tokens of one request (tokens)")
-    max_num_seqs: int = Field(256, ge=1, description="max sequences in one iteration (continuous, chunked)")
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="max sequences in one iteration (continuous, chunked); default vLLM's for the device, or 256 "
+        "capped at max_num_batched_tokens",
+    )
     max_num_batched_tokens: int | None = Field(
         None,
         ge=1,
@@ -26,12 +38,27 @@ class SchedulerConfig(BaseModel):
     mix_prefill_decode: bool = Field(
         False, description="continuous: let prefills and decodes share an iteration (default: prefill-priority)"
     )
+    scheduler_reserve_full_isl: bool = Field(
+        True,
+        description="chunked: admit a waiting request only if its whole prompt would fit in the free KV cache "
+        "(vLLM's scheduler_reserve_full_isl); False: only its first chunk must fit (older vLLM V1 releases)",
+    )
+    chunked_order: Literal["vllm", "decodes-first"] = Field(
+        "vllm",
+        description="chunked: vllm = one pass over the running requests in admission order, decodes and unfinished "
+        "prefills interleaved (vLLM V1); decodes-first = every decode, then unfinished prefills (Sarathi-Serve)",
+    )
     max_batch_size: int = Field(8, ge=1, description="static, dynamic: passengers per boat (requests)")
     max_delay_ms: float = Field(
-        100.0, ge=0, description="dynamic: longest the oldest queued request waits before a batch leaves (ms)"
+        0.0,
+        ge=0,
+        description="dynamic: longest the oldest queued request waits for a fuller batch (ms; Triton's "
+        "max_queue_delay_microseconds / 1000, default 0: leave at once)",
     )
     preferred_batch_sizes: tuple[int, ...] = Field(
-        (), description="dynamic: batch sizes that leave at once when that many are queued (Triton)"
+        (),
+        description="dynamic: batch sizes that leave at once when the queue reaches them, the largest first (Triton; "
+        "none given means max_batch_size)",
     )
     kv_reservation: Literal["paged", "output", "max_model_len"] | None = Field(
         None,
@@ -63,6 +90,13 @@ class SchedulerConfig(BaseModel):
                 f"{self.max_model_len}: without chunked prefill a whole prompt must fit in one iteration "
                 "(raise max_num_batched_tokens, lower max_model_len, or use --policy chunked)"
             )
+        if self.policy in ("continuous", "chunked") and self.token_budget < self.seq_limit:
+            # vLLM refuses to start: SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py)
+            raise ValueError(
+                f"max_num_batched_tokens={self.token_budget} must be greater than or equal to max_num_seqs="
+                f"{self.seq_limit}: an iteration must have room for one token of every running sequence "
+                "(vLLM refuses to start with these)"
+            )
         return self
 
     @property
@@ -78,3 +112,11 @@ class SchedulerConfig(BaseModel):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return 2048 if self.policy == "chunked" else max(self.max_model_len, 2048)
+
+    @property
+    def seq_limit(self) -> int:
+        """Sequences one iteration may hold (the resolved ``max_num_seqs``): when unset, 256 capped at the token
+        budget, as vLLM caps a default ``max_num_seqs`` at ``max_num_batched_tokens``."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return min(DEFAULT_MAX_NUM_SEQS, self.token_budget)

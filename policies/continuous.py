@@ -39,7 +39,12 @@ class ContinuousBatching:
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ContinuousBatching:
-        return cls(config.max_num_seqs, config.token_budget, config.mix_prefill_decode, config.reservation)
+        return cls(config.seq_limit, config.token_budget, config.mix_prefill_decode, config.reservation)
+
+    @property
+    def seats(self) -> int:
+        """Sequences that may hold a seat at once."""
+        return self.max_num_seqs
 
     def compiled(self) -> tuple[Any, np.ndarray]:
         """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""

@@ -15,6 +15,7 @@ from sim.state import Batch, SchedulerState, Wait
 @register
 class NoBatching:
     name: ClassVar[str] = "none"
+    seats: ClassVar[int] = 1  # one request at a time
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> NoBatching:

@@ -2,7 +2,8 @@
 
 A batch leaves when ``max_batch_size`` requests are queued (or, once the trace has ended, with whoever is left). Its
 members prefill together, then decode together until the last of them is done; a member that finishes early keeps its
-seat and its memory until then, and every response is returned when the batch ends. Memory is reserved up front for
+seat and its memory until then, and by default every response arrives when the batch ends (``returns_at_batch_end``;
+a run with ``stream`` delivers tokens as they are made instead). Memory is reserved up front for
 each member, as engines without paging did: its prompt and whole output (``kv_reservation="output"``, an oracle that
 knows the output length) or ``max_model_len`` tokens (an engine that must plan for the longest answer); a batch that
 would not fit is cut to what fits.
@@ -24,6 +25,7 @@ from sim.state import Batch, SchedulerState, Wait
 @register
 class StaticBatching:
     name: ClassVar[str] = "static"
+    returns_at_batch_end: ClassVar[bool] = True  # by default every member's response arrives when the batch ends
 
     def __init__(self, max_batch_size: int, reservation: str = "output") -> None:
         self.max_batch_size = max_batch_size
@@ -33,6 +35,11 @@ class StaticBatching:
     def from_config(cls, config: SchedulerConfig) -> StaticBatching:
         return cls(max_batch_size=config.max_batch_size, reservation=config.reservation)
 
+    @property
+    def seats(self) -> int:
+        """Requests one batch carries."""
+        return self.max_batch_size
+
     def compiled(self) -> tuple[Any, np.ndarray]:
         """The numba twin of ``schedule`` and its parameters (for the compiled engine)."""
         return compiled.schedule_static, compiled.params_array(
@@ -41,7 +48,7 @@ class StaticBatching:
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         if state.running and not any(state.reqs.status[r] == Status.RUNNING for r in state.running):
-            state.release(list(state.running))  # the whole batch is done: return every response now
+            state.release(list(state.running))  # the whole batch is done: free every seat now
         if not state.running:
             size = self.departure_size(state)
             if size is None:

@@ -96,6 +96,21 @@ def replica(
 ENGINES = ("auto", "compiled", "reference")
 
 
+def default_stream(policy: object) -> bool:
+    """Whether a policy's responses are streamed by default: yes, unless it returns every member's response when its
+    batch ends (``returns_at_batch_end``: static and dynamic batching, as Triton's dynamic batcher returns whole
+    responses)."""
+    return not getattr(policy, "returns_at_batch_end", False)
+
+
+def describe_run(records: RunRecords, policy: object, stream: bool | None) -> RunRecords:
+    """Note on ``records`` what metrics need to know of the run beyond the engine: how responses were delivered
+    (``stream``; None: the policy's default) and how many seats the policy offers (its ``seats``, 0 if unknown)."""
+    records.stream = default_stream(policy) if stream is None else bool(stream)
+    records.seats = int(getattr(policy, "seats", 0) or 0)
+    return records
+
+
 def simulate(
     requests: RequestTable,
     policy: Scheduler,
@@ -105,6 +120,7 @@ def simulate(
     engine: str = "auto",
     exact_itl: bool | None = None,
     on_progress: Callable[[float, int], None] | None = None,
+    stream: bool | None = None,
 ) -> RunRecords:
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
@@ -112,7 +128,8 @@ def simulate(
     (``policy.compiled()``) on ``sim.fast_engine``'s loop with the cost model's compiled timer (``timer.compiled()``),
     to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl`` keeps every token gap
     (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``). ``on_progress(now, unfinished)``
-    is called now and then with the simulated clock and the requests not yet ended. The request table is the run's
+    is called now and then with the simulated clock and the requests not yet ended. ``stream``: whether clients
+    receive tokens as they are made (None: the policy's default, ``default_stream``). The request table is the run's
     state and ends up in its records: give each run a new one."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
@@ -123,9 +140,10 @@ def simulate(
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
     if engine != "reference" and kernel is not None and timing is not None:
-        return simulate_compiled(requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress)
+        records = simulate_compiled(requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress)
+        return describe_run(records, policy, stream)
     state = SchedulerState(requests, kv, max_model_len, exact_itl)
     env = simpy.Environment()
     env.process(replica(env, state, policy, timer, on_progress))
     env.run()
-    return state.records
+    return describe_run(state.records, policy, stream)

@@ -32,7 +32,7 @@ FloatArray = npt.NDArray[np.float64]
 PROMPT, OUTPUT, COMPUTED, GENERATED, STATUS, REASON, PREEMPTIONS, RECOMPUTED, ADMIT_ORDER, HELD, STAMP = range(11)
 NUM_RI = 11
 # rows of rf
-ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RESPONSE = range(6)
+ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RELEASED = range(6)
 NUM_RF = 6
 # rows of wk
 WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, PF_NEW, PF_CTX, DEC_CTX = range(8)
@@ -50,7 +50,7 @@ STALLED = int(Reason.STALLED)
 
 _RI_COLUMNS = ("prompt", "output_wanted", "computed", "generated", "status", "reason", "preemptions", "recomputed",
                "admit_order")  # fmt: skip
-_RF_COLUMNS = ("arrival", "first_scheduled", "first_token", "last_token", "finish", "response")
+_RF_COLUMNS = ("arrival", "first_scheduled", "first_token", "last_token", "finish", "released")
 
 
 def pack(requests: RequestTable, held: IntArray) -> tuple[IntArray, FloatArray]:
@@ -241,13 +241,13 @@ def preempt(ri: IntArray, wk: IntArray, sc: IntArray, req: int) -> None:
 
 @njit(cache=True)
 def release_running(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
-    """Return the responses of every seated request (all held: their batch has ended)."""
+    """End every seated request (all held: their batch has ended), freeing seats and memory."""
     n = sc[R_LEN]
     for j in range(n):
         req = wk[RUNNING_Q, j]
         kv_free(ri, sc, req)
         ri[STATUS, req] = FINISHED
-        rf[RESPONSE, req] = now
+        rf[RELEASED, req] = now
     sc[NUM_HELD] -= n
     sc[R_LEN] = 0
     sc[UNFINISHED] -= n
@@ -365,7 +365,7 @@ def complete(
                 ri[STATUS, req] = HELD_DONE
             else:
                 ri[STATUS, req] = FINISHED
-                rf[RESPONSE, req] = end
+                rf[RELEASED, req] = end
                 kv_free(ri, sc, req)
     if done:
         if hold:

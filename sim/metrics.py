@@ -1,12 +1,23 @@
 """Serving metrics derived from a run's records, with vLLM ``bench serve`` key names where vLLM has them.
 
-Per request (seconds): TTFT = first token - arrival; TPOT = (last token - first token) / (output tokens - 1) for
-requests with more than one output token; ITL = each gap between consecutive tokens of a request; E2E latency
-(``e2el``) = response - arrival, where the response is returned when the last token is made, or, under static
-batching, when the request's whole batch ends; queueing delay = first scheduled - arrival.
+Client-side metrics follow ``vllm/benchmarks/serve.py`` (``calculate_metrics``, vLLM main, late 2026) and are
+computed from when the client *receives* tokens, for every policy:
+- a streamed response (``records.stream``) delivers each token when the iteration that made it ends;
+- a response that is not streamed arrives whole when the request gives back its seat: at its last token, or, under
+  static and dynamic batching (whose default this is), when its whole batch ends.
+Per request (seconds): TTFT = first token received - arrival; E2E latency (``e2el``) = whole response received -
+arrival; TPOT = (E2EL - TTFT) / (output tokens - 1), for requests with more than one output token (0 for a response
+that arrives whole); ITL = each gap between consecutive tokens the client receives (none for a response that arrives
+whole); queueing delay = first scheduled - arrival. The server's side (when tokens were *made*) is kept apart:
+``server_ttft`` = first token made - arrival, ``server_tpot`` = (last token made - first token made) / (output - 1),
+``server_itl`` = gaps between tokens made.
+
+``duration`` runs from the benchmark's start (t = 0, the workload's time origin, before the first arrival) to the
+last response or iteration, as ``vllm bench serve`` measures it. Goodput counts a finished request whose every
+given SLO holds (value <= SLO, vLLM's rule; a one-token request's TPOT is 0, as in vLLM's ``all_tpots``).
 
 Summary times are in milliseconds (``*_ms``), as vLLM prints them; throughputs per second. A statistic of an empty set
-is ``None`` (null in JSON).
+is ``None`` (null in JSON; vLLM writes 0).
 """
 
 from __future__ import annotations
@@ -29,13 +40,26 @@ _STATUS_NAMES = np.array([s.name.lower() for s in Status], dtype=object)
 _REASON_LABELS = np.array(["" if x == Reason.NONE else x.label for x in Reason], dtype=object)
 
 
+def client_times(records: RunRecords) -> tuple[FloatArray, FloatArray]:
+    """When each request's client received its first token and its whole response (s), from how it is delivered
+    (``records.stream``): as made, or whole when the request gives back its seat."""
+    r = records.requests
+    if records.stream:
+        return r.first_token, r.finish
+    return r.released, r.released
+
+
 def request_frame(records: RunRecords) -> pd.DataFrame:
-    """One row per request (the content of ``requests.csv``); times in seconds."""
+    """One row per request (the content of ``requests.csv``); times in seconds. ``first_token_s`` and ``finish_s``
+    are when the server made the first and last token, ``first_received_s`` and ``response_s`` when the client
+    received them; ``ttft_s``, ``tpot_s`` and ``e2el_s`` are the client's, ``server_*`` the server's."""
     r = records.requests
     ids = records.request_ids if records.request_ids is not None else np.arange(r.n).astype(str)
     made = r.generated
+    received, response = client_times(records)
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(made > 1, (r.finish - r.first_token) / (made - 1), np.nan)
+        tpot = np.where(made > 1, ((response - r.arrival) - (received - r.arrival)) / (made - 1), np.nan)
+        server_tpot = np.where(made > 1, (r.finish - r.first_token) / (made - 1), np.nan)
     return pd.DataFrame(
         {
             "request_id": ids,
@@ -43,18 +67,22 @@ def request_frame(records: RunRecords) -> pd.DataFrame:
             "first_scheduled_s": r.first_scheduled,
             "first_token_s": r.first_token,
             "finish_s": r.finish,
-            "response_s": r.response,
+            "response_s": response,
             "prompt_tokens": r.prompt,
             "output_tokens": made,
             "output_tokens_wanted": r.output_wanted,
             "queueing_s": r.first_scheduled - r.arrival,
-            "ttft_s": r.first_token - r.arrival,
+            "ttft_s": received - r.arrival,
             "tpot_s": tpot,
-            "e2el_s": r.response - r.arrival,
+            "e2el_s": response - r.arrival,
             "preemptions": r.preemptions,
             "recomputed_tokens": r.recomputed,
             "status": _STATUS_NAMES[r.status],
             "reason": _REASON_LABELS[r.reason],
+            "first_received_s": received,
+            "released_s": r.released,
+            "server_ttft_s": r.first_token - r.arrival,
+            "server_tpot_s": server_tpot,
         }
     )
 
@@ -115,16 +143,36 @@ def idle_while_waiting(records: RunRecords) -> float:
     return float(np.clip(gap_b - from_t, 0.0, None).sum())
 
 
+def seat_use(records: RunRecords) -> dict[str, float | int | None]:
+    """How the seats the policy offers (``records.seats``: max batch size or max_num_seqs) were used, averaged over
+    busy time: ``seat_utilization`` = seats held by requests still generating / seats offered; ``held_seat_fraction``
+    = seats held by finished requests waiting for their batch to end / seats offered (static and dynamic batching).
+    One request alone in an 8-seat batch is 1/8. ``None`` without iterations or when the policy offers no count."""
+    it = records.iterations
+    busy_each = it.column("end") - it.column("start")
+    offered = float(records.seats) * float(busy_each.sum())
+    if offered <= 0:
+        return {"seats_offered": records.seats or None, "seat_utilization": None, "held_seat_fraction": None}
+    held = it.column("held").astype(np.float64)
+    active = it.column("seats") - held
+    return {
+        "seats_offered": records.seats,
+        "seat_utilization": float((active * busy_each).sum()) / offered,
+        "held_seat_fraction": float((held * busy_each).sum()) / offered,
+    }
+
+
 def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -> dict[str, object]:
     """The run's summary: vLLM ``bench serve`` keys, then what batching is about (idle, seats, batch size, KV)."""
     r = records.requests
     it = records.iterations
     frame = request_frame(records)
     done = r.status == Status.FINISHED
-    ends = np.concatenate([r.response[done], it.column("end")])
-    t0 = float(r.arrival.min()) if r.n else 0.0
-    t1 = float(ends.max()) if len(ends) else t0
-    duration = max(t1 - t0, 0.0)
+    _, response = client_times(records)
+    ends = np.concatenate([response[done], it.column("end")])
+    t0 = 0.0  # the benchmark's start: the workload's time origin
+    t1 = max(float(ends.max()), t0) if len(ends) else t0
+    duration = t1 - t0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
 
     completed = int(done.sum())
@@ -149,14 +197,20 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
         good = done.copy()
         for name, ms in goodput.items():
             vals = frame[f"{name}_s"].to_numpy() * 1e3
-            good &= ~(vals > ms)  # a one-token request has no TPOT and cannot miss a TPOT SLO
+            if name == "tpot":  # vLLM's all_tpots: a one-token response's TPOT is 0
+                vals = np.where(np.isnan(vals), 0.0, vals)
+            good &= vals <= ms
         out["request_goodput"] = per_s(int(good.sum()))
         out["goodput_slos_ms"] = dict(goodput)
     out.update(_stats("ttft", ttft))
     out.update(_stats("tpot", tpot))
-    out.update(_named("itl", records.itl.stats((50, 90, 99))))
+    # the client sees token gaps only when the response is streamed; then they are the gaps between tokens made
+    out.update(_named("itl", records.itl.stats((50, 90, 99)) if records.stream else None))
     out.update(_stats("e2el", e2el))
     out.update(_stats("queueing", frame["queueing_s"].to_numpy()[done]))
+    out.update(_stats("server_ttft", frame["server_ttft_s"].to_numpy()[done]))
+    out.update(_stats("server_tpot", frame["server_tpot_s"].to_numpy()[done]))
+    out.update(_named("server_itl", records.itl.stats((50, 90, 99))))
     # the vLLM paper's normalized latency: each request's end-to-end latency divided by its output tokens
     made = np.maximum(r.generated[done], 1)
     out["mean_normalized_latency_ms"] = float((e2el / made).mean() * 1e3) if completed else None
@@ -170,8 +224,6 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     else:
         idle = duration
     seqs = it.column("prefill_seqs") + it.column("decode_seqs")
-    seats = it.column("seats")
-    seated_time = float((seats * busy_each).sum())
     kv_frac = it.column("kv_blocks_used") / max(records.kv_num_blocks, 1)
     out.update(
         {
@@ -181,10 +233,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "gpu_idle_s": idle,
             "gpu_idle_fraction": idle / duration if duration > 0 else 0.0,
             "idle_while_waiting_s": idle_while_waiting(records),
-            # share of seat-time not held by finished requests waiting for their batch to end
-            "seat_utilization": 1.0 - float((it.column("held") * busy_each).sum()) / seated_time
-            if seated_time > 0
-            else None,
+            **seat_use(records),
             "mean_batch_size": float(seqs.mean()) if len(it) else None,
             "mean_tokens_per_iteration": float((it.column("prefill_tokens") + it.column("decode_seqs")).mean())
             if len(it)
@@ -197,6 +246,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
             "itl_kept": records.itl.describe(),
+            "stream": records.stream,
             "engine": records.engine,
         }
     )

@@ -183,3 +183,7 @@ class RunRecords:
     kv_num_blocks: int = 0  # KV-cache capacity of the replica (blocks)
     kv_block_size: int = 0  # tokens per block
     engine: str = "reference"  # which engine ran: "reference" (Python policies on SimPy) or "compiled"
+    # how responses reach the client: True, each token as it is made (streaming); False, the whole response when
+    # the request gives back its seat (static and dynamic batching return every member's response at batch end)
+    stream: bool = True
+    seats: int = 0  # seats the policy offers (max batch size or max_num_seqs; 0 = unknown)

@@ -26,7 +26,7 @@ class Status(IntEnum):
     WAITING = 1  # arrived, queued for admission (or put back after a preemption)
     RUNNING = 2  # holds a seat in the running batch and KV blocks
     HELD = 3  # all tokens made, but its seat and memory are held until its batch returns (static batching)
-    FINISHED = 4  # response returned
+    FINISHED = 4  # done: its seat and memory are free again
     REJECTED = 5  # will never run; ``reason`` says why
 
 
@@ -72,7 +72,7 @@ class RequestTable:
         self.first_token = nan.copy()  # end of the iteration that sampled its first token (s)
         self.last_token = nan.copy()  # end of the iteration that sampled its latest token (s)
         self.finish = nan.copy()  # time its last token was made (s)
-        self.response = nan.copy()  # time its response was returned: finish, or its batch's end (s)
+        self.released = nan.copy()  # time it gave back its seat and memory: its finish, or its batch's end (s)
 
     def __len__(self) -> int:
         return self.n

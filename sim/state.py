@@ -147,14 +147,14 @@ class SchedulerState:
         self._preempted_since_batch += 1
 
     def release(self, reqs: list[int]) -> None:
-        """Return the responses of held requests (their batch has ended) and free their seats and memory."""
+        """End held requests (their batch has ended): free their seats and memory."""
         gone = set(reqs)
         for req in reqs:
             if self.reqs.status[req] != Status.HELD:
                 raise ValueError(f"request {req} is not held (status {Status(self.reqs.status[req]).name})")
             self.kv.free_request(req)
             self.reqs.status[req] = Status.FINISHED
-            self.reqs.response[req] = self.now
+            self.reqs.released[req] = self.now
         self.num_held -= len(reqs)
         self.running = [r for r in self.running if r not in gone]
         self.unfinished -= len(reqs)
@@ -206,7 +206,7 @@ class SchedulerState:
                 self.num_held += len(done)
             else:
                 reqs.status[done] = Status.FINISHED
-                reqs.response[done] = end
+                reqs.released[done] = end
                 for req in done.tolist():
                     self.kv.free_request(req)
                 gone = set(done.tolist())

@@ -63,9 +63,12 @@ def run(
     kv_blocks: int = 1_000_000,
     block_size: int = 16,
     engine: str = "auto",
+    watermark: float = 0.0,
+    stream: bool | None = None,
     **config: object,
 ) -> RunRecords:
     """Simulate ``requests`` under ``SchedulerConfig(**config)``."""
     cfg = SchedulerConfig(**config)  # type: ignore[arg-type]
-    kv = KVCacheManager(kv_blocks, block_size, len(requests))
-    return simulate(requests, policies.get(cfg), timer or ConstantTimer(), kv, cfg.max_model_len, engine=engine)
+    kv = KVCacheManager(kv_blocks, block_size, len(requests), watermark=watermark)
+    timer = timer or ConstantTimer()
+    return simulate(requests, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine, stream=stream)

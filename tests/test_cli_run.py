@@ -177,6 +177,10 @@ def test_bad_trace_is_one_clear_error(
         (["--hardware", "tpu-v9"], "tpu-v9"),
         (["--max-model-len", "100000"], "max_position_embeddings"),
         (["--model", "llama-3-70b", "--hardware", "a100-40g"], "GiB"),
+        (["--vllm-defaults", "0.5.4"], "from 0.6.6 on"),
+        (["--vllm-defaults", "newest"], "expected a vLLM release"),
+        (["--policy", "chunked", "--max-num-batched-tokens", "64", "--max-num-seqs", "128"], "max_num_seqs=128"),
+        (["--num-gpu-blocks-override", "10"], "max_model_len=8192: one request that long needs 512 KV blocks"),
     ],
 )
 def test_bad_flags_are_one_clear_error(
@@ -184,3 +188,24 @@ def test_bad_flags_are_one_clear_error(
 ) -> None:
     err = _error(capsys, "run", *SMALL, *args, "--out", str(tmp_path))
     assert expected in err
+
+
+def test_header_names_the_vllm_defaults_and_the_delivery(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", *SMALL, "--hardware", "a100-80g", "--policy", "chunked", "--out", str(tmp_path)]
+    assert ferry(*args, "--vllm-defaults", "0.8.5", "--watermark", "0.02", "--no-stream") == 0
+    printed = capsys.readouterr().out
+    assert "0.8.5 V1, 80 GiB >= 70 GiB" in printed  # before 0.9.0 an A100-80GB got the large defaults
+    assert "1,024 (vLLM 0.8.5)" in printed and "8,192 (vLLM 0.8.5)" in printed
+    assert "first chunk fits (vLLM 0.8.5)" in printed  # scheduler_reserve_full_isl came with 0.19.0
+    assert "KV watermark:" in printed and "0.02\n" in printed and "whole, at the last token" in printed
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["vllm_defaults"]["applied"] == [
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "scheduler_reserve_full_isl",
+    ]
+    assert summary["config"]["kv_watermark"] == 0.02 and summary["config"]["stream"] is False
+    assert summary["stream"] is False and summary["mean_tpot_ms"] == 0.0  # whole responses: no pace seen
+    assert summary["mean_server_tpot_ms"] > 0
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    assert (requests.ttft_s == requests.e2el_s).all()

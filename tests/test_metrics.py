@@ -28,7 +28,9 @@ def test_latencies_by_hand() -> None:
     assert s["gpu_busy_s"] == 5.0 and s["gpu_idle_s"] == 2.0
     assert s["gpu_idle_fraction"] == pytest.approx(2 / 7)
     assert s["idle_while_waiting_s"] == 0.0  # nobody waited while the GPU was idle
-    assert s["seat_utilization"] == 1.0
+    assert s["seats_offered"] == 256  # max_num_seqs
+    assert s["seat_utilization"] == 1 / 256  # one request at a time in 256 seats
+    assert s["held_seat_fraction"] == 0.0
     assert s["mean_batch_size"] == 1.0
 
 

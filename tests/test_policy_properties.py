@@ -27,21 +27,27 @@ def scenarios(draw: st.DrawFn) -> dict:
     max_model_len = draw(st.integers(8, 160))
     chunked = policy == "chunked"
     budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, 2 * max_model_len))
+    max_batch_size = draw(st.integers(1, 8))
     return {
         "arrivals": np.cumsum(gaps),
         "prompts": prompts,
         "outputs": outputs,
         "block_size": draw(st.sampled_from([1, 4, 16])),
         "kv_blocks": draw(st.integers(1, 80)),
+        "watermark": draw(st.sampled_from([0.0, 0.0, 0.01, 0.1])),
+        "stream": draw(st.sampled_from([None, True, False])),
         "config": SchedulerConfig(
             policy=policy,
             max_model_len=max_model_len,
-            max_num_seqs=draw(st.integers(1, 8)),
+            max_num_seqs=draw(st.integers(1, min(8, budget))),
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=draw(st.sampled_from([0, 3, 17])),
             mix_prefill_decode=draw(st.booleans()),
-            max_batch_size=draw(st.integers(1, 8)),
+            scheduler_reserve_full_isl=draw(st.booleans()),
+            chunked_order=draw(st.sampled_from(["vllm", "decodes-first"])),
+            max_batch_size=max_batch_size,
             max_delay_ms=draw(st.sampled_from([0.0, 5.0, 100.0])),
+            preferred_batch_sizes=tuple(draw(st.lists(st.integers(1, max_batch_size), max_size=3))),
             kv_reservation=draw(
                 st.sampled_from(
                     [None, "output", "max_model_len"] + ([] if policy in ("static", "dynamic") else ["paged"])
@@ -53,10 +59,10 @@ def scenarios(draw: st.DrawFn) -> dict:
 
 def _simulate(sc: dict, engine: str = "reference"):
     reqs = make_requests(sc["arrivals"], sc["prompts"], sc["outputs"])
-    kv = KVCacheManager(sc["kv_blocks"], sc["block_size"], len(reqs))
+    kv = KVCacheManager(sc["kv_blocks"], sc["block_size"], len(reqs), watermark=sc["watermark"])
     cfg = sc["config"]
     timer = LinearTimer(0.01, 1e-3, 1e-5)
-    records = simulate(reqs, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine)
+    records = simulate(reqs, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine, stream=sc["stream"])
     return reqs, kv, records
 
 
@@ -92,9 +98,9 @@ def test_every_request_ends_and_limits_hold(sc: dict) -> None:
     seqs = it.column("prefill_seqs") + it.column("decode_seqs")
     tokens = it.column("prefill_tokens") + it.column("decode_seqs")
     if cfg.policy in ("continuous", "chunked"):
-        assert (seqs <= cfg.max_num_seqs).all()
+        assert (seqs <= cfg.seq_limit).all()
         assert (tokens <= cfg.token_budget).all()
-        assert (it.column("seats") <= cfg.max_num_seqs).all()
+        assert (it.column("seats") <= cfg.seq_limit).all()
     if cfg.policy in ("static", "dynamic"):
         assert (it.column("seats") <= cfg.max_batch_size).all()
     if cfg.policy == "none":
@@ -107,7 +113,10 @@ def test_every_request_ends_and_limits_hold(sc: dict) -> None:
     assert (f.arrival_s <= f.first_scheduled_s).all()
     assert (f.first_scheduled_s < f.first_token_s).all()
     assert (f.first_token_s <= f.finish_s).all()
-    assert (f.finish_s <= f.response_s).all()
+    # the client never receives a token before it is made, nor its response before the last token
+    assert (f.first_token_s <= f.first_received_s).all() and (f.finish_s <= f.response_s).all()
+    assert (f.response_s <= f.released_s).all()
+    assert (f.first_received_s <= f.response_s).all()
     assert (it.column("start")[1:] >= it.column("end")[:-1]).all()
     assert (records.itl.values() > 0).all()
     assert len(records.itl.values()) == (reqs.generated[done] - 1).sum()

@@ -125,9 +125,17 @@ def test_chunks_and_batched_decodes_equal_one_whole_prompt(model: Llama) -> None
     torch.testing.assert_close(out[1], whole31[0], atol=1e-4, rtol=1e-4)
 
 
-def _serve(model: Llama, kv_blocks: int, arrivals: list[float], prompts: list[int], outputs: list[int]) -> tuple:
+def _serve(
+    model: Llama, kv_blocks: int, arrivals: list[float], prompts: list[int], outputs: list[int], full_isl: bool = True
+) -> tuple:
     requests = RequestTable(np.array(arrivals), np.array(prompts), np.array(outputs))
-    config = policies.SchedulerConfig(policy="chunked", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=120)
+    config = policies.SchedulerConfig(
+        policy="chunked",
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=120,
+        scheduler_reserve_full_isl=full_isl,
+    )
     executor = Executor(model, requests, np.random.default_rng(7), slots=2)
     run = replay(requests, policies.get(config), executor, KVCacheManager(kv_blocks, 4, len(requests)), 120)
     return run, executor
@@ -152,7 +160,8 @@ def test_preemption_recomputes_the_same_tokens(model: Llama) -> None:
     generated tokens computed again) produces the tokens it would have without preemption."""
     args = ([0.0, 0.0, 0.0], [40, 40, 40], [12, 12, 12])
     roomy, roomy_exec = _serve(model, 1000, *args)
-    tight, tight_exec = _serve(model, 30, *args)  # 30 blocks of 4 tokens: not enough for three at once
+    # 30 blocks of 4 tokens: not enough for three at once; admitting on the first chunk alone lets all three in
+    tight, tight_exec = _serve(model, 30, *args, full_isl=False)
     assert tight.records.requests.preemptions.sum() > 0
     assert roomy.records.requests.preemptions.sum() == 0
     assert tight_exec.tokens == roomy_exec.tokens
