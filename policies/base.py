@@ -156,28 +156,30 @@ def schedule_running(state: SchedulerState, batch: BatchBuilder, chunk_cap: int)
         batch.scheduled.update(batch.ids[-reached:])
         batch.budget -= int(take.sum())
         return
-    for req in running.tolist():
-        if batch.budget <= 0:
-            return
-        if reqs.status[req] != Status.RUNNING:  # preempted as a victim earlier in this pass
-            continue
-        tokens = min(int(reqs.remaining(req)), chunk_cap, batch.budget)
-        if not allocate_or_preempt(state, req, int(reqs.computed[req]) + tokens, batch):
-            return  # it was the last running request and has been preempted itself
-        batch.add(req, tokens)
+    _one_by_one(state, batch, chunk_cap, prefills_only=False)
 
 
 def schedule_partial_prefills(state: SchedulerState, batch: BatchBuilder, chunk_cap: int) -> None:
     """Continue running requests whose prefill (or recompute) is unfinished, in chunks of at most ``chunk_cap``."""
+    _one_by_one(state, batch, chunk_cap, prefills_only=True)
+
+
+def _one_by_one(state: SchedulerState, batch: BatchBuilder, chunk_cap: int, prefills_only: bool) -> None:
+    """Give running requests in admission order what they still need, within the budget and ``chunk_cap``, preempting
+    when the cache is full (``prefills_only``: those not yet in the batch whose prefill is unfinished). It stops when
+    a request had to preempt itself: everyone else still running is then in the batch already."""
     reqs = state.reqs
     for req in list(state.running):
         if batch.budget <= 0:
             return
-        if req in batch.scheduled or reqs.status[req] != Status.RUNNING or not reqs.is_prefilling(req):
+        if reqs.status[req] != Status.RUNNING:  # preempted as a victim earlier in this pass
             continue
-        chunk = min(int(reqs.remaining(req)), batch.budget, chunk_cap)
-        if allocate_or_preempt(state, req, int(reqs.computed[req]) + chunk, batch):
-            batch.add(req, chunk)
+        if prefills_only and (req in batch.scheduled or not reqs.is_prefilling(req)):
+            continue
+        tokens = min(int(reqs.remaining(req)), chunk_cap, batch.budget)
+        if not allocate_or_preempt(state, req, int(reqs.computed[req]) + tokens, batch):
+            return
+        batch.add(req, tokens)
 
 
 RESERVATIONS = ("paged", "output", "max_model_len")

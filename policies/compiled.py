@@ -134,6 +134,21 @@ def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap:
             budget -= tokens
         sc[USED] += extra
         return budget, False
+    return _one_by_one(ri, wk, sc, budget, cap, False)
+
+
+@njit(cache=True)
+def schedule_partial_prefills(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
+    """``policies.base.schedule_partial_prefills``; returns (budget left, preempted)."""
+    return _one_by_one(ri, wk, sc, budget, cap, True)
+
+
+@njit(cache=True)
+def _one_by_one(
+    ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int, prefills_only: bool
+) -> tuple[int, bool]:
+    """``policies.base._one_by_one``; returns (budget left, preempted)."""
+    n = sc[R_LEN]
     snapshot = wk[SCRATCH]
     snapshot[:n] = wk[RUNNING_Q, :n]
     preempted = False
@@ -143,6 +158,8 @@ def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap:
             break
         if ri[STATUS, req] != RUNNING:
             continue
+        if prefills_only and (in_batch(ri, sc, req) or not is_prefilling(ri, req)):
+            continue
         tokens = min(remaining(ri, req), cap, budget)
         granted, p = allocate_or_preempt(ri, wk, sc, req, ri[COMPUTED, req] + tokens)
         preempted |= p
@@ -150,28 +167,6 @@ def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap:
             break
         batch_add(ri, wk, sc, req, tokens)
         budget -= tokens
-    return budget, preempted
-
-
-@njit(cache=True)
-def schedule_partial_prefills(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
-    """``policies.base.schedule_partial_prefills``; returns (budget left, preempted)."""
-    n = sc[R_LEN]
-    snapshot = wk[SCRATCH]
-    snapshot[:n] = wk[RUNNING_Q, :n]
-    preempted = False
-    for k in range(n):
-        req = snapshot[k]
-        if budget <= 0:
-            break
-        if in_batch(ri, sc, req) or ri[STATUS, req] != RUNNING or not is_prefilling(ri, req):
-            continue
-        chunk = min(remaining(ri, req), budget, cap)
-        granted, p = allocate_or_preempt(ri, wk, sc, req, ri[COMPUTED, req] + chunk)
-        preempted |= p
-        if granted:
-            batch_add(ri, wk, sc, req, chunk)
-            budget -= chunk
     return budget, preempted
 
 
