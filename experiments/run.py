@@ -275,6 +275,13 @@ def format_summary(s: dict[str, Any]) -> str:
             (f"{stat.capitalize()} {name.upper()} (ms)", s[f"{stat}_{name}_ms"])
             for stat in ("mean", "median", "p90", "p99")
         ]
+    if not s.get("stream", True):  # what the server made, which the client received only with the whole response
+        rows.append("Server side (when tokens were made)")
+        rows += [
+            (f"{stat.capitalize()} server {name.upper()} (ms)", s[f"{stat}_server_{name}_ms"])
+            for name in ("ttft", "tpot")
+            for stat in ("mean", "median", "p99")
+        ]
     rows += [
         "Batching",
         ("Iterations", s["num_iterations"]),
@@ -284,6 +291,7 @@ def format_summary(s: dict[str, Any]) -> str:
         ("GPU idle fraction", s["gpu_idle_fraction"]),
         ("Idle while requests wait (s)", s["idle_while_waiting_s"]),
         ("Seat utilization", s["seat_utilization"]),
+        ("Held seats (done, waiting for batch)", s["held_seat_fraction"]),
         ("Peak / mean KV usage", f"{_fmt(s['peak_kv_usage'])} / {_fmt(s['mean_kv_usage'])}"),
         ("Preemptions", s["total_preemptions"]),
         ("Recomputed tokens", s["recomputed_tokens"]),
