@@ -11,9 +11,12 @@ How it times: a few warm-up calls; then samples until a time budget (and a minim
 one call (or a few back-to-back calls when a call is tiny), timed with CUDA events on a GPU and ``perf_counter`` on
 the CPU, the device synchronised before reading; the row keeps the median, min and max per call. The grid is timed in
 several passes whose samples are pooled, so a spell of interference spoils a share of every point's samples rather
-than all the points measured during it. Inputs are random (never zeros: some kernels shortcut them), views into one
-large random buffer, and rotate over enough sets that together they exceed twice the last-level cache, so each call
-reads from memory as it would inside a model too big for the cache.
+than all the points measured during it. Inputs are random (never zeros: some kernels shortcut them), disjoint slices
+of one large random buffer (``Pool``), and rotate over enough sets that together they exceed twice the last-level
+cache, so each call reads from memory as it would inside a model too big for the cache.
+
+Grids: ``FULL`` (the default), ``QUICK`` (CI's calibration) and ``SMOKE`` (``FULL``'s every series at a few small
+sizes, timed briefly: a check that the full grid runs, not a calibration).
 
 On a GPU the kernels are launched eagerly from Python, as the real executor launches them: a small kernel's time
 includes its launch when the host is slower than the device (no CUDA graphs). Untested on a GPU so far.
@@ -88,6 +91,7 @@ class Grid:
     max_call_s: float  # a series stops growing once one call takes longer than this (s)
     max_kv_tokens: int  # decode points with batch x context above this are skipped (memory)
     passes: int  # the grid is timed this many times over, a share of each point's budget each time
+    pool_bytes: int | None = None  # the input pool's buffer (B); None: four times the last-level cache, >= 64 MiB
 
 
 QUICK = Grid(
@@ -143,7 +147,36 @@ FULL = Grid(
     max_kv_tokens=1 << 21,
     passes=2,
 )
-GRIDS = {"quick": QUICK, "full": FULL}
+
+
+def thinned(grid: Grid, name: str, *, every: int, max_size: int, budget_s: float, pool_bytes: int) -> Grid:
+    """``grid``'s series (the same kernels, prefill contexts and decode contexts) with fewer and smaller points: every
+    ``every``-th token count, chunk and batch size up to ``max_size``, at most ``grid.max_kv_tokens / 32`` tokens of
+    KV cache per decode point, ``budget_s`` per point, one sample per pass at least. The input pool shrinks with the
+    sizes (``pool_bytes``), so that input sets fill the pool, wrap around and outgrow it as the full sizes do."""
+
+    def thin(sizes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(n for k, n in enumerate(sizes) if k % every == 0 and n <= max_size)
+
+    return Grid(
+        name=name,
+        tokens=thin(grid.tokens),
+        prefill_chunks=thin(grid.prefill_chunks),
+        prefill_contexts=grid.prefill_contexts,
+        decode_batches=thin(grid.decode_batches),
+        decode_contexts=grid.decode_contexts,
+        budget_s=budget_s,
+        min_repeats=grid.passes,
+        max_call_s=grid.max_call_s,
+        max_kv_tokens=grid.max_kv_tokens // 32,
+        passes=grid.passes,
+        pool_bytes=pool_bytes,
+    )
+
+
+# every series of the default grid, in seconds on a CPU: what CI runs to catch a crash anywhere in FULL
+SMOKE = thinned(FULL, "smoke", every=3, max_size=512, budget_s=0.004, pool_bytes=16 << 20)
+GRIDS = {"quick": QUICK, "full": FULL, "smoke": SMOKE}
 
 
 # ---- the device ----------------------------------------------------------------------------------------------------
@@ -274,35 +307,72 @@ class Timer:
         return samples
 
 
+ALIGN = 64  # elements: every tensor the pool hands out starts at a multiple of this offset
+
+
 class Pool:
-    """One large buffer of random numbers; a kernel's inputs are views into it at successive offsets.
+    """One large buffer of random numbers; a kernel's input sets are disjoint slices of it.
 
-    Successive input sets lie side by side, so rotating over enough of them (together more than twice the
-    last-level cache) makes every call read its inputs from memory, without generating new random numbers per set."""
+    A set's tensors lie side by side and successive sets follow one another; a set that would run past the end of the
+    buffer starts over at its front, whole (it never wraps around onto itself), and the buffer grows when one set is
+    larger than it. So no two tensors of a set share an element (checked as each is handed out): a kernel that
+    writes one of its inputs (attention writes the new keys and values into its KV cache) never writes into another,
+    which torch refuses ("some elements of the input tensor and the written-to tensor refer to a single memory
+    location") or, worse, computes on silently. Rotating over enough sets (together more than twice the last-level
+    cache) makes every call read its inputs from memory, without generating new random numbers per set."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, cache_bytes: int, seed: int = 0) -> None:
+    def __init__(
+        self, device: torch.device, dtype: torch.dtype, cache_bytes: int, seed: int = 0, size_bytes: int | None = None
+    ) -> None:
         torch = K.require_torch()
         self.device, self.dtype, self.cache_bytes = device, dtype, cache_bytes
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.item = int(torch.empty((), dtype=dtype).element_size())
-        self.buf = self._fill(max(4 * cache_bytes, 64 << 20) // self.item)
-        self.cursor = 0
+        # elements: the buffer's size at first, and its room beyond the set when one set outgrows it
+        self.spare = (size_bytes or max(4 * cache_bytes, 64 << 20)) // self.item
+        self.buf = self._fill(self.spare)
+        self.cursor = 0  # where the next set's (or the current set's next) tensor starts
+        self.sizing = False  # a dry run of a set (``footprint``): ``take`` hands out shapes only
+        self.members: list[tuple[int, int]] | None = None  # [first, end) elements of the current set's tensors
 
     def _fill(self, elems: int) -> torch.Tensor:
         torch = K.require_torch()
         return torch.randn(elems, device=self.device, dtype=self.dtype, generator=self.gen)
 
     def take(self, *shape: int) -> torch.Tensor:
-        """A random tensor of ``shape`` (a view of the pool, after the previous one)."""
+        """A random tensor of ``shape`` for the set being made (``sets``): the buffer's next slice, disjoint from the
+        set's other tensors. Outside a set, a set of its own."""
+        torch = K.require_torch()
+        if self.members is None and not self.sizing:
+            return self.one_set(lambda p: (p.take(*shape),))[0]
         n = math.prod(shape)
-        if 2 * n > self.buf.numel():
-            self.buf = self._fill(2 * n + (4 * self.cache_bytes) // self.item)
-            self.cursor = 0
-        if self.cursor + n > self.buf.numel():
-            self.cursor = 0
-        view = self.buf[self.cursor : self.cursor + n].view(shape)
-        self.cursor += -(-n // 64) * 64  # keep offsets 64-element aligned
+        first, self.cursor = self.cursor, self.cursor + -(-n // ALIGN) * ALIGN
+        if self.sizing:
+            return torch.empty(shape, device="meta", dtype=self.dtype)
+        view = self.buf[first : first + n].view(shape)
+        self._claim(view)
         return view
+
+    def _claim(self, view: torch.Tensor) -> None:
+        """Add ``view`` to the current set; AssertionError if it is not a contiguous slice inside the buffer or it
+        shares an element with another tensor of the set (from torch's storage offsets and sizes)."""
+        assert self.members is not None
+        storage = view.untyped_storage()
+        first = int(view.storage_offset())
+        end = first + view.numel()
+        if (
+            not view.is_contiguous()
+            or storage.data_ptr() != self.buf.untyped_storage().data_ptr()
+            or end * self.item > storage.nbytes()
+        ):
+            raise AssertionError(f"pool: input {tuple(view.shape)} at elements [{first}, {end}) is not in the buffer")
+        for lo, hi in self.members:
+            if first < hi and lo < end:
+                raise AssertionError(
+                    f"pool: input {tuple(view.shape)} at elements [{first}, {end}) overlaps another input of its set "
+                    f"at [{lo}, {hi})"
+                )
+        self.members.append((first, end))
 
     def ints(self, high: int, *shape: int) -> torch.Tensor:
         torch = K.require_torch()
@@ -314,11 +384,41 @@ class Pool:
         angles = torch.rand(rows, pairs, device=self.device, generator=self.gen) * 6.2832
         return torch.polar(torch.ones_like(angles), angles)
 
+    def footprint(self, make: Callable[[Pool], tuple[Any, ...]]) -> int:
+        """Elements of the buffer that one set of ``make`` takes: a dry run in which ``take`` hands out meta tensors
+        (shapes without memory)."""
+        cursor, self.cursor, self.sizing = self.cursor, 0, True
+        try:
+            make(self)
+            return self.cursor
+        finally:
+            self.cursor, self.sizing = cursor, False
+
+    def one_set(self, make: Callable[[Pool], tuple[Any, ...]], size: int | None = None) -> tuple[Any, ...]:
+        """One input set from ``make``, its tensors side by side after the previous set's, or from the front of the
+        buffer when it would not fit before the end (a new, larger buffer when it does not fit at all). ``size``: its
+        ``footprint``, if known."""
+        size = self.footprint(make) if size is None else size
+        if size > self.buf.numel():
+            self.buf = self._fill(size + self.spare)
+            self.cursor = 0
+        elif self.cursor + size > self.buf.numel():
+            self.cursor = 0
+        start, self.members = self.cursor, []
+        try:
+            inputs = make(self)
+        finally:
+            self.members = None
+        if self.cursor - start != size:
+            raise AssertionError(f"pool: a set took {self.cursor - start} elements, its dry run {size}")
+        return inputs
+
     def sets(self, make: Callable[[Pool], tuple[Any, ...]], set_bytes: float) -> list[tuple[Any, ...]]:
         """Input sets from ``make``: enough that a pass over them all reads more than twice the last-level cache
         (at most 32)."""
         count = min(32, max(1, math.ceil(2 * self.cache_bytes / max(set_bytes, 1.0))))
-        return [make(self) for _ in range(count)]
+        size = self.footprint(make)
+        return [self.one_set(make, size) for _ in range(count)]
 
 
 # ---- the kernels of one model -----------------------------------------------------------------------------------
@@ -435,6 +535,12 @@ def _attention_points(spec: ModelSpec, grid: Grid, item: int) -> Iterator[list[P
         yield series
 
 
+def grid_series(spec: ModelSpec, grid: Grid, item: int, eps: float = 1e-5) -> list[list[Point]]:
+    """The points ``grid`` times for ``spec`` (``item`` bytes per element), one list per series, in the order they
+    are timed: each token-parallel kernel in token counts, then prefill attention per context, decode per context."""
+    return list(_token_points(spec, eps, grid.tokens, item)) + list(_attention_points(spec, grid, item))
+
+
 def measure_model(
     spec: ModelSpec,
     label: str,
@@ -453,11 +559,11 @@ def measure_model(
     of each point's samples rather than all of the points measured during it."""
     log = log or (lambda _: None)
     timer = Timer(device)
-    pool = Pool(device, K.torch_dtype(dtype), last_level_cache_bytes(device), seed)
+    pool = Pool(device, K.torch_dtype(dtype), last_level_cache_bytes(device), seed, grid.pool_bytes)
     budget = memory_bytes(device) // 4
     work = WorkCounter(spec, dtype)
     device_name = describe(device)[0]
-    series_all = list(_token_points(spec, eps, grid.tokens, pool.item)) + list(_attention_points(spec, grid, pool.item))
+    series_all = grid_series(spec, grid, pool.item, eps)
     samples: dict[tuple[int, int], list[float]] = {}
     kept: dict[tuple[int, int], int] = {}  # point -> input sets it rotated over
     length = {s: len(series) for s, series in enumerate(series_all)}  # points of each series still measured

@@ -1,7 +1,7 @@
 """`ferry calibrate`: measure a device's kernels, fit a hardware profile to them, and say how well it predicts.
 
     ferry calibrate --device cpu|cuda[:i] [--threads N] --dtype float32|bfloat16|float16 --model NAME_OR_CONFIG.json
-                    [--model ...] [--quick] --out PROFILE.yaml
+                    [--model ...] [--quick | --grid full|quick|smoke] --out PROFILE.yaml
     ferry calibrate --from-measurements FILE_OR_DIR [--hardware NAME] [--model FILTER ...] --out PROFILE.yaml
 
 The first form runs, with PyTorch on the device, the kernels of an iteration at the shapes of each model
@@ -83,6 +83,11 @@ SERVING_RUNS = {
         (6, 72, 4, 256, 0.3),
     ),
 }
+# the smoke grid's (a check that the full grid runs): every other run of the full grid's, cut to at most 4 requests of
+# at most 96 prompt tokens and 2 output tokens (each run's warm-up costs more than its iterations)
+SERVING_RUNS["smoke"] = tuple(
+    (min(n, 4), min(prompt, 96), 2, budget, interval) for n, prompt, _, budget, interval in SERVING_RUNS["full"][::2]
+)
 
 
 def register(subparsers: Any) -> None:
@@ -98,6 +103,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads torch uses (default: torch's)")
     p.add_argument("--dtype", default="float32", choices=K.TORCH_DTYPES, help="the models' dtype (default float32)")
     p.add_argument("--quick", action="store_true", help="a small grid (CI: under a minute on 2 CPU cores)")
+    p.add_argument(
+        "--grid",
+        choices=sorted(cal.GRIDS),
+        default=None,
+        help="the sizes to time: full (the default), quick (as --quick), or smoke (every series of the full grid at a "
+        "few small sizes, timed briefly: checks that the full grid runs, in seconds; not a calibration)",
+    )
     p.add_argument("--name", default=None, help="the profile's name (default: the --out file's stem)")
     p.add_argument(
         "--base",
@@ -137,6 +149,7 @@ def handle(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         threads=args.threads,
         quick=args.quick,
+        grid=args.grid,
         name=args.name or out.stem,
         base=args.base,
         seed=args.seed,
@@ -188,6 +201,7 @@ def calibrate(
     dtype: str,
     threads: int | None,
     quick: bool,
+    grid: str | None = None,
     name: str,
     base: str | None,
     seed: int,
@@ -204,20 +218,22 @@ def calibrate(
     dev = K.device_of(device)
     if dev.type == "cpu" and dtype != "float32":
         log(f"note: {dtype} on a CPU runs without native support on most CPUs; timings will show it")
-    grid = cal.QUICK if quick else cal.FULL
+    if quick and grid not in (None, "quick"):
+        raise ValueError(f"--quick is --grid quick; it contradicts --grid {grid}")
+    sizes = cal.GRIDS[grid] if grid is not None else cal.QUICK if quick else cal.FULL
     anchor = base_profile(base, dev)
     device_name, software = cal.describe(dev)
-    log(f"calibrating {device_name} in {dtype} ({grid.name} grid), base profile: {anchor.name if anchor else 'none'}")
+    log(f"calibrating {device_name} in {dtype} ({sizes.name} grid), base profile: {anchor.name if anchor else 'none'}")
     started = time.perf_counter()
-    rows = cal.measure_device(dev, dtype, grid)
+    rows = cal.measure_device(dev, dtype, sizes)
     rows.append(rows[0] | {"op": "memory", "op_class": "capacity", "bytes": float(cal.memory_bytes(dev))})
     rows[-1] |= {"median_s": 1.0, "min_s": 1.0, "max_s": 1.0, "repeats": 1}
     for model in models:
         spec = load_model(model)
         log(f"{spec.name}: kernels")
-        rows += cal.measure_model(spec, model, dev, dtype, grid, seed=seed, log=log)
+        rows += cal.measure_model(spec, model, dev, dtype, sizes, seed=seed, log=log)
         log(f"{spec.name}: executor iterations")
-        rows += measure_iterations(model, spec, device, dtype, grid.name, seed=seed, log=log)
+        rows += measure_iterations(model, spec, device, dtype, sizes.name, seed=seed, log=log)
     if dev.type == "cuda":
         rows += cal.measure_all_reduce(dtype, tuple(1 << k for k in range(10, 31, 2)), log=log)
     settings = {
@@ -225,7 +241,7 @@ def calibrate(
         "dtype": dtype,
         "threads": str(torch.get_num_threads()) if dev.type == "cpu" else "",
         "models": ",".join(models),
-        "grid": grid.name,
+        "grid": sizes.name,
         "base": anchor.name if anchor else "none",
         "seed": str(seed),
         "fit": "joint" if joint else "kernels-only",
