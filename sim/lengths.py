@@ -2,7 +2,8 @@
 
 A ``LengthSpec`` is a pydantic model that a YAML config writes as a dict (``{dist: uniform, low: 128, high: 2048}``)
 and the command line as a compact string (``uniform:128:2048``); ``parse_length_spec`` reads either. Sampling uses
-only the ``numpy.random.Generator`` passed in.
+only the ``numpy.random.Generator`` passed in. Every length is at most ``MAX_TOKENS`` (2**31 - 1), the bound the
+trace readers put on a file's token counts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 from sim import traces
 
 IntArray = npt.NDArray[np.int64]
+MAX_TOKENS = traces.MAX_TOKENS
 
 
 class _Spec(BaseModel):
@@ -38,7 +40,7 @@ class FixedLength(_Spec):
     """Every request has ``value`` tokens."""
 
     dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=0)
+    value: int = Field(ge=0, le=MAX_TOKENS)
 
     def sample(self, n: int, rng: np.random.Generator) -> IntArray:
         return np.full(n, self.value, dtype=np.int64)
@@ -51,8 +53,8 @@ class UniformLength(_Spec):
     """Uniform on the integers ``low..high``, both included."""
 
     dist: Literal["uniform"] = "uniform"
-    low: int = Field(ge=0)
-    high: int = Field(ge=0)
+    low: int = Field(ge=0, le=MAX_TOKENS)
+    high: int = Field(ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
@@ -70,14 +72,14 @@ class UniformLength(_Spec):
 class LognormalLength(_Spec):
     """Lognormal with the given ``median`` (= exp(mu)) or ``mean`` (= exp(mu + sigma^2/2)) and log-space
     ``sigma``, rounded to the nearest integer and clipped to ``[min, max]`` (clipped, not redrawn: the tails
-    pile up at the bounds; ``max=None`` leaves it unbounded above)."""
+    pile up at the bounds; ``max=None`` clips at ``MAX_TOKENS``)."""
 
     dist: Literal["lognormal"] = "lognormal"
     median: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     mean: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     sigma: float = Field(ge=0, le=10, allow_inf_nan=False)
-    min: int = Field(default=1, ge=0)
-    max: int | None = Field(default=None, ge=0)
+    min: int = Field(default=1, ge=0, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> LognormalLength:
@@ -93,7 +95,7 @@ class LognormalLength(_Spec):
         else:
             assert self.mean is not None
             mu = math.log(self.mean) - self.sigma**2 / 2
-        upper = float(self.max) if self.max is not None else 2.0**53  # keep the int64 cast exact
+        upper = float(self.max) if self.max is not None else float(MAX_TOKENS)
         return np.clip(np.rint(rng.lognormal(mu, self.sigma, size=n)), self.min, upper).astype(np.int64)
 
     def text(self) -> str:
@@ -108,8 +110,8 @@ class ZipfLength(_Spec):
 
     dist: Literal["zipf"] = "zipf"
     a: float = Field(gt=1, le=100, allow_inf_nan=False)
-    min: int = Field(default=1, ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> ZipfLength:

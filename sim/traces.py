@@ -3,9 +3,15 @@
 Every reader returns plain arrays (``TraceColumns``); ``sim.workload`` wraps them into a ``Workload``. Each
 reader checks what it reads and raises ``ValueError`` naming the file, the file's own column name, the row
 and the value, so a user can find the bad line. Rows are counted from 0 after the header (CSV) or by 1-based
-line number (JSONL).
+line number (JSONL). Values are bounded as they are read: a token count is a whole number in
+``0..MAX_TOKENS``; an arrival time is finite and at most ``MAX_ARRIVAL_S`` seconds after the start.
 
-Formats (the three columns each needs; other columns are ignored; names match case-insensitively):
+A file may be compressed (gzip, bz2, xz or a one-file zip, recognized by its first bytes whatever its name)
+and is UTF-8 text, or UTF-16/UTF-32 with a byte-order mark; anything else is refused with a ``ValueError``
+naming the file.
+
+Formats (the three columns each needs; other columns are ignored; header names are matched after stripping
+the spaces around them, and case-insensitively):
 
 - ``native``: ``arrival_time_s, prompt_tokens, output_tokens`` (seconds), optional ``request_id``; what
   ``Workload.to_frame().to_csv(path, index=False)`` writes.
@@ -19,12 +25,18 @@ Formats (the three columns each needs; other columns are ignored; names match ca
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
 import json
-from collections.abc import Callable
+import lzma
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +44,13 @@ import pandas as pd
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+# Most tokens one request may have in its prompt or its output: 2**31 - 1, far above any model's context
+# (10**5..10**7), and small enough that sums over millions of requests stay far from int64 overflow.
+MAX_TOKENS = 2**31 - 1
+# Latest arrival, in seconds from the start of the trace (after the shift and time_scale): 1e9 s, about 32
+# years; it keeps milliseconds (x 1e3), nanoseconds in int64 (x 1e9 < 9.2e18) and cumulative sums finite.
+MAX_ARRIVAL_S = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,32 +123,44 @@ def read_trace(
     if model is not None and fmt.name != "burstgpt":
         raise ValueError(f"model={model!r} filters BurstGPT traces only; {path} is a {fmt.name} trace")
     where = f"{fmt.name} trace {path}"
+    ids: npt.NDArray[np.object_] | None = None
     if fmt.name == "mooncake":
-        raw, prompt, output, line_of = _read_jsonl(path, fmt, limit, where)
-        ids: npt.NDArray[np.object_] | None = None
-        label: Callable[[int], str] = lambda i: f"line {line_of[i]}"  # noqa: E731
+        raw, prompt, output, rows = _read_jsonl(path, fmt, limit, where)
     else:
-        raw, prompt, output, ids = _read_csv(path, fmt, limit, model, where)
-        label = _row
+        raw, prompt, output, ids, rows = _read_csv(path, fmt, limit, model, where)
     if len(raw) == 0:
         raise ValueError(f"{where}: no requests" + (f" for model={model!r}" if model is not None else ""))
 
-    unsorted = np.flatnonzero(np.diff(raw) < 0)
+    def label(i: int) -> str:  # the file's own row (CSV) or line (JSONL) of the i-th request
+        return f"{'line' if fmt.name == 'mooncake' else 'row'} {rows[i]}"
+
+    with np.errstate(over="ignore"):  # two huge times of opposite sign differ by inf: late, below
+        unsorted = np.flatnonzero(np.diff(raw) < 0)
     if unsorted.size and sort:
         order = np.argsort(raw, kind="stable")
-        raw, prompt, output = raw[order], prompt[order], output[order]
+        raw, prompt, output, rows = raw[order], prompt[order], output[order], rows[order]
         ids = None if ids is None else ids[order]
     elif unsorted.size:
         i = int(unsorted[0]) + 1
         raise ValueError(
             f"{where}: column {fmt.arrival!r} is not sorted: {label(i)} is earlier than {label(i - 1)} "
-            f"({raw[i].item()!r} < {raw[i - 1].item()!r} s, relative); pass sort=True to sort by arrival"
+            f"({raw[i].item()!r} < {raw[i - 1].item()!r} s, relative); sort the file, or pass --sort-trace "
+            "to ferry run (sort_trace: true in a config file) to sort by arrival"
         )
-    if fmt.shift:
-        raw = raw - raw[0]
-    elif raw[0] < 0:
+    if not fmt.shift and raw[0] < 0:
         raise ValueError(f"{where}: column {fmt.arrival!r} {label(0)}: {raw[0].item()!r} is negative")
-    arrival = raw / time_scale if time_scale != 1.0 else raw
+    with np.errstate(over="ignore"):  # what overflows is past MAX_ARRIVAL_S, refused below
+        relative = raw - raw[0] if fmt.shift else raw
+        arrival = relative / time_scale if time_scale != 1.0 else relative
+    late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
+    if late.size:
+        i = int(late[0])
+        since = f"after the first request ({label(0)})" if fmt.shift else "after the start"
+        scaled = f" with time_scale={time_scale:g}" if time_scale != 1.0 else ""
+        raise ValueError(
+            f"{where}: column {fmt.arrival!r} {label(i)}: arrives {arrival[i].item():.6g} s {since}{scaled}, "
+            f"more than MAX_ARRIVAL_S = {MAX_ARRIVAL_S:g} s (about 32 years)"
+        )
 
     source = f"{fmt.name}:{path}"
     extras = [f"model={model}" if model is not None else "", f"limit={limit}" if limit is not None else ""]
@@ -142,16 +173,17 @@ def read_trace(
 def read_length_column(path: str | Path, column: str) -> IntArray:
     """All values of a token-count ``column`` of a file: any CSV with that column (a length-only stats file
     such as ShareGPT's ``num_prefill_tokens``), or a trace's token column under its own name or the normalized
-    ``prompt_tokens`` / ``output_tokens``."""
+    ``prompt_tokens`` / ``output_tokens`` (in arrival order; an unsorted trace is sorted, as only the lengths
+    matter here)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"empirical length file not found: {path}")
     where = f"empirical length file {path}"
-    header = [] if _is_jsonl(path) else _header(path)
+    header = [] if _is_jsonl(path) else _header(path, where)
     actual = _lookup(header, column)
     if actual is not None:
-        frame = pd.read_csv(path, usecols=[actual], **_CSV_OPTIONS)
-        values = _tokens(frame[actual], where, actual)
+        frame = _read_frame(path, where, usecols=[actual])
+        values = _tokens(frame[actual], where, actual.strip())
     elif _is_jsonl(path) or _match(header) is not None:
         fmt = _FORMATS["mooncake" if _is_jsonl(path) else _match(header) or ""]
         wanted = column.strip().lower()
@@ -160,11 +192,11 @@ def read_length_column(path: str | Path, column: str) -> IntArray:
                 f"{where} is a {fmt.name} trace without column {column!r}; its token columns are "
                 f"{fmt.prompt!r} / {fmt.output!r} (or, normalized, 'prompt_tokens' / 'output_tokens')"
             )
-        trace = read_trace(path, fmt.name)
+        trace = read_trace(path, fmt.name, sort=True)
         values = trace.prompt_tokens if wanted in ("prompt_tokens", fmt.prompt.lower()) else trace.output_tokens
     else:
         raise ValueError(
-            f"{where}: no column {column!r}; columns found: {header}"
+            f"{where}: no column {column!r}; columns found: {_names(header)}"
             " (a trace file would also offer its token columns as prompt_tokens and output_tokens)"
         )
     if len(values) == 0:
@@ -172,40 +204,128 @@ def read_length_column(path: str | Path, column: str) -> IntArray:
     return values
 
 
-# --- detection ----------------------------------------------------------------------------------------------
+# --- opening files ------------------------------------------------------------------------------------------
 
-_CSV_OPTIONS: dict[str, object] = {"encoding": "utf-8-sig", "skipinitialspace": True}
+# compression, told by the first bytes (not the name); pandas and the standard library read all four
+_COMPRESSIONS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"))
+# text encoding, told by the byte-order mark; UTF-32-LE's mark starts with UTF-16-LE's, so it is tried first
+_BOMS = (
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
+# what a damaged compressed file raises while it is read
+_DAMAGED = (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile)
+
+
+@contextmanager
+def _binary(path: Path, compression: str | None) -> Iterator[IO[bytes]]:
+    """The file's bytes, decompressed."""
+    if compression == "zip":
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            if len(members) != 1:
+                raise ValueError(f"{path}: a zip archive of {len(members)} files; a trace must be its only file")
+            with archive.open(members[0]) as f:
+                yield f
+    elif compression is not None:
+        module = {"gzip": gzip, "bz2": bz2, "xz": lzma}[compression]
+        with module.open(path, "rb") as f:
+            yield cast(IO[bytes], f)
+    else:
+        with open(path, "rb") as f:
+            yield f
+
+
+def _sniff(path: Path, where: str) -> tuple[str | None, str]:
+    """(compression, text encoding) of a file, from its first bytes; refuses what is neither."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    compression = next((name for start, name in _COMPRESSIONS if magic.startswith(start)), None)
+    try:
+        with _binary(path, compression) as f:
+            head = f.read(4096)
+    except _DAMAGED as exc:
+        raise ValueError(f"{where}: starts like {compression} data but cannot be decompressed ({exc})") from None
+    encoding = next((name for bom, name in _BOMS if head.startswith(bom)), "utf-8")
+    if encoding.startswith("utf-8") and b"\x00" in head:
+        raise ValueError(
+            f"{where}: has NUL bytes in its first 4 kB, so it is not UTF-8 text: binary data, or UTF-16/32 "
+            "text without a byte-order mark (save it as UTF-8)"
+        )
+    return compression, encoding
+
+
+def _undecodable(where: str, encoding: str, exc: UnicodeDecodeError) -> ValueError:
+    bad = exc.object[exc.start : exc.start + 4]
+    name = encoding.removesuffix("-sig").upper()
+    return ValueError(f"{where}: is not {name} text ({exc.reason}: {bad!r}); save it as UTF-8")
+
+
+# a field after the last column (a trailing comma) is ignored; without index_col=False pandas would take the first
+# field of such a first row as the index and shift every column by one
+_CSV_OPTIONS: dict[str, Any] = {"skipinitialspace": True, "index_col": False}
+
+
+def _read_frame(path: Path, where: str, **options: object) -> pd.DataFrame:
+    """``pd.read_csv`` of a file whose compression and encoding ``_sniff`` tells; what pandas raises about the
+    file becomes a ``ValueError`` naming it. An empty file is an empty frame."""
+    compression, encoding = _sniff(path, where)
+    try:
+        return pd.read_csv(path, compression=compression, encoding=encoding, **_CSV_OPTIONS, **options)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except UnicodeDecodeError as exc:
+        raise _undecodable(where, encoding, exc) from None
+    except _DAMAGED as exc:
+        if compression is None:
+            raise
+        raise ValueError(f"{where}: damaged {compression} data ({exc})") from None
+    except ValueError as exc:  # pandas' ParserError and kin, which do not name the file
+        raise ValueError(f"{where}: cannot read it as CSV: {str(exc).strip()}") from None
+
+
+@contextmanager
+def _open_text(path: Path, where: str) -> Iterator[io.TextIOWrapper]:
+    """The file as text lines; a line that is not valid text in its encoding keeps its bad bytes as lone
+    surrogates (``surrogateescape``), which the reader refuses, naming the line."""
+    compression, encoding = _sniff(path, where)
+    with _binary(path, compression) as raw:
+        yield io.TextIOWrapper(raw, encoding=encoding, errors="surrogateescape")
 
 
 def _is_jsonl(path: Path) -> bool:
+    """Named ``*.jsonl``, or that and a compression's suffix (``*.jsonl.gz``)."""
     suffixes = [s.lower() for s in path.suffixes]
-    return bool(suffixes) and (suffixes[-1] == ".jsonl" or suffixes[-2:] == [".jsonl", ".gz"])
+    compressed = suffixes[-1:] in ([".gz"], [".bz2"], [".xz"], [".zip"])
+    return bool(suffixes) and (suffixes[-1] == ".jsonl" or (compressed and suffixes[-2:-1] == [".jsonl"]))
 
 
-def _open_text(path: Path) -> IO[str]:
-    if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+# --- detection ----------------------------------------------------------------------------------------------
 
 
 def csv_header(path: str | Path) -> list[str]:
-    """Column names of a CSV file (empty for JSONL or a missing file)."""
+    """Column names of a CSV file, stripped (empty for JSONL or a missing file)."""
     path = Path(path)
     if not path.is_file() or _is_jsonl(path):
         return []
-    return _header(path)
+    return _names(_header(path, str(path)))
 
 
-def _header(path: Path) -> list[str]:
-    try:
-        return [str(c).strip() for c in pd.read_csv(path, nrows=0, **_CSV_OPTIONS).columns]
-    except pd.errors.EmptyDataError:
-        return []
+def _header(path: Path, where: str) -> list[str]:
+    """Column names as pandas reads them (what ``usecols`` wants); ``_lookup`` and ``_names`` strip them."""
+    return [str(c) for c in _read_frame(path, where, nrows=0).columns]
+
+
+def _names(header: list[str]) -> list[str]:
+    return [c.strip() for c in header]
 
 
 def _lookup(header: list[str], name: str) -> str | None:
-    """The header's spelling of column ``name`` (case-insensitive), or None."""
-    by_lower = {c.lower(): c for c in header}
+    """The header's spelling of column ``name`` (after stripping, case-insensitive; the first if several)."""
+    by_lower = {c.strip().lower(): c for c in reversed(header)}
     return by_lower.get(name.strip().lower())
 
 
@@ -219,11 +339,11 @@ def _match(header: list[str]) -> str | None:
 def _detect(path: Path) -> str:
     if _is_jsonl(path):
         return "mooncake"
-    header = _header(path)
+    header = _header(path, str(path))
     name = _match(header)
     if name is not None:
         return name
-    raise ValueError(f"cannot tell the trace format of {path}: header {header}. {_known(header)}")
+    raise ValueError(f"cannot tell the trace format of {path}: header {_names(header)}. {_known(header)}")
 
 
 def _known(header: list[str]) -> str:
@@ -239,44 +359,44 @@ def _known(header: list[str]) -> str:
 # --- readers ------------------------------------------------------------------------------------------------
 
 
-def _row(i: int) -> str:
-    return f"row {i}"
-
-
 def _read_csv(
     path: Path, fmt: _Format, limit: int | None, model: str | None, where: str
-) -> tuple[FloatArray, IntArray, IntArray, npt.NDArray[np.object_] | None]:
-    header = _header(path)
+) -> tuple[FloatArray, IntArray, IntArray, npt.NDArray[np.object_] | None, IntArray]:
+    """Arrivals (seconds, not shifted), prompt and output tokens, ids (or None) and each value's file row."""
+    header = _header(path, where)
     cols = {}
     for want in (fmt.arrival, fmt.prompt, fmt.output):
         actual = _lookup(header, want)
         if actual is None:
-            raise ValueError(f"{where}: missing column {want!r}; columns found: {header}. {_known(header)}")
+            raise ValueError(f"{where}: missing column {want!r}; columns found: {_names(header)}. {_known(header)}")
         cols[want] = actual
     id_col = _lookup(header, "request_id")  # native's optional ids; any CSV trace may carry them
     model_col = _lookup(header, "Model") if model is not None else None
     if model is not None and model_col is None:
-        raise ValueError(f"{where}: model={model!r} needs a 'Model' column; columns found: {header}")
+        raise ValueError(f"{where}: model={model!r} needs a 'Model' column; columns found: {_names(header)}")
 
     usecols = [c for c in (*cols.values(), id_col, model_col) if c is not None]
     dtype = {c: str for c in (id_col, model_col) if c is not None}
     if fmt.unit == "datetime":
         dtype[cols[fmt.arrival]] = str
-    frame = pd.read_csv(
+    frame = _read_frame(
         path,
+        where,
         usecols=usecols,
         dtype=dtype,
         nrows=None if model is not None else limit,
         keep_default_na=False,  # an id "NA" is an id; a numeric column's empty field is still missing
         na_values={c: [""] for c in cols.values()},
-        **_CSV_OPTIONS,
     )
+    frame.columns = _names([str(c) for c in frame.columns])  # the index stays the file's row number
+    cols = {want: actual.strip() for want, actual in cols.items()}
+    id_col, model_col = (None if c is None else c.strip() for c in (id_col, model_col))
     if model_col is not None:
         keep = frame[model_col].str.strip() == model
         if not keep.any():
             seen = sorted(frame[model_col].str.strip().unique())[:20]
             raise ValueError(f"{where}: no rows with Model == {model!r}; models found: {seen}")
-        frame = frame[keep].reset_index(drop=True)
+        frame = frame[keep]
         if limit is not None:
             frame = frame.iloc[:limit]
 
@@ -287,18 +407,19 @@ def _read_csv(
         raw = _seconds(frame[arrival_col], where, arrival_col, 1e-3 if fmt.unit == "ms" else 1.0)
     prompt = _tokens(frame[cols[fmt.prompt]], where, cols[fmt.prompt])
     output = _tokens(frame[cols[fmt.output]], where, cols[fmt.output])
+    rows = frame.index.to_numpy(dtype=np.int64)
     ids = None
     if id_col is not None:
         ids = frame[id_col].to_numpy(dtype=object)
         empty = np.flatnonzero(frame[id_col].str.len().to_numpy() == 0)
         if empty.size:
-            raise ValueError(f"{where}: column {id_col!r} row {empty[0]}: empty request id")
+            raise ValueError(f"{where}: column {id_col!r} row {rows[empty[0]]}: empty request id")
         dup = frame[id_col].duplicated()
         if dup.any():
             i = int(np.flatnonzero(dup.to_numpy())[0])
             first = int(np.flatnonzero((frame[id_col] == ids[i]).to_numpy())[0])
-            raise ValueError(f"{where}: column {id_col!r} row {i}: id {ids[i]!r} repeats row {first}")
-    return raw, prompt, output, ids
+            raise ValueError(f"{where}: column {id_col!r} row {rows[i]}: id {_show(ids[i])} repeats row {rows[first]}")
+    return raw, prompt, output, ids, rows
 
 
 def _read_jsonl(
@@ -308,66 +429,117 @@ def _read_jsonl(
     fields = (fmt.arrival, fmt.prompt, fmt.output)
     rows: list[tuple[float, int, int]] = []
     lines: list[int] = []
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: line {lineno} is not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: line {lineno} is {type(record).__name__}, expected a JSON object")
-            for key in fields:
-                if key not in record:
-                    raise ValueError(f"{where}: line {lineno}: missing field {key!r}; fields found: {sorted(record)}")
-                value = record[key]
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-                if key != fmt.arrival:
-                    ok = ok and value >= 0 and float(value).is_integer()
-                if not ok:
-                    what = "a finite number" if key == fmt.arrival else "a whole number >= 0"
-                    raise ValueError(f"{where}: line {lineno}: field {key!r} is {value!r}, expected {what}")
-            rows.append((record[fields[0]], record[fields[1]], record[fields[2]]))
-            lines.append(lineno)
-            if limit is not None and len(rows) >= limit:
-                break
+    lineno = 0  # the last line read
+    try:
+        with _open_text(path, where) as f:
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    rows.append(_jsonl_row(line, f"{where}: line {lineno}", fields))
+                    lines.append(lineno)
+                    if limit is not None and len(rows) >= limit:
+                        break
+    except UnicodeDecodeError as exc:  # what surrogateescape cannot keep, e.g. half a UTF-16 character
+        raise ValueError(f"{where}: is not {exc.encoding.upper()} text past line {lineno}; save it as UTF-8") from None
+    except _DAMAGED as exc:
+        raise ValueError(f"{where}: damaged compressed data past line {lineno} ({exc})") from None
     table = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    # milliseconds -> seconds; token counts were checked to be whole numbers, exact in float64 below 2**53
+    # milliseconds -> seconds; token counts were checked to be whole numbers <= MAX_TOKENS, exact in float64
     return table[:, 0] * 1e-3, table[:, 1].astype(np.int64), table[:, 2].astype(np.int64), np.array(lines)
+
+
+def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[float, int, int]:
+    """The (arrival, prompt, output) fields of one JSONL line; ``at`` names the file and line in errors."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # a byte that was not text, kept as a lone surrogate by _open_text
+        raise ValueError(f"{at} is not text in the file's encoding; save the file as UTF-8") from None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{at} is not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; nesting too deep
+        raise ValueError(f"{at} cannot be read as JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{at} is {type(record).__name__}, expected a JSON object")
+    for key in fields:
+        if key not in record:
+            raise ValueError(f"{at}: missing field {key!r}; fields found: {sorted(record)}")
+        _check_json(record[key], key == fields[0], f"{at}: field {key!r}")
+    return record[fields[0]], record[fields[1]], record[fields[2]]
+
+
+def _check_json(value: object, arrival: bool, at: str) -> None:
+    """A JSON number: an arrival must be finite (and fit a float), a token count whole in 0..MAX_TOKENS."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    elif arrival:
+        ok = -1e308 < value < 1e308  # exact for Python ints of any size; false for inf and nan
+    else:
+        ok = 0 <= value <= MAX_TOKENS and float(value).is_integer()
+    if not ok:
+        what = "a finite number" if arrival else f"a whole number in 0..{MAX_TOKENS} (MAX_TOKENS)"
+        raise ValueError(f"{at} is {_show(value)}, expected {what}")
 
 
 # --- column conversion --------------------------------------------------------------------------------------
 
 
+def _show(value: object) -> str:
+    """A value from a file for a message: numpy scalars as plain numbers, cut to 40 characters."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _numbers(series: pd.Series, where: str, column: str) -> FloatArray:
     """A column as float64; a missing, non-numeric or infinite value is an error naming its row."""
-    values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if pd.api.types.is_bool_dtype(series.dtype):  # pandas reads a column of True/False as bool: not numbers
+        series = series.astype(str)
+    try:
+        numeric = pd.to_numeric(series, errors="coerce")
+    except OverflowError:  # pandas does not coerce an integer past float64's range (~1.8e308); Python makes it inf
+        numeric = series.map(_float)
+    values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         i = int(bad[0])
         raw = series.iloc[i]
-        what = "missing value" if pd.isna(raw) else f"{raw!r} is not a finite number"
-        raise ValueError(f"{where}: column {column!r} row {i}: {what}")
+        what = "missing value" if pd.isna(raw) else f"{_show(raw)} is not a finite number"
+        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {what}")
     return values
+
+
+def _float(value: object) -> float:
+    """One value as a float: inf past float64's range, nan if it is not a number."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # a Python int past ~1.8e308
+        return np.inf if value > 0 else -np.inf  # type: ignore[operator]
+    except (TypeError, ValueError):
+        return np.nan
 
 
 def _tokens(series: pd.Series, where: str, column: str) -> IntArray:
-    """A token-count column as int64: whole numbers >= 0 (0 is kept: the engine rejects it with a reason)."""
-    if pd.api.types.is_integer_dtype(series.dtype):
-        values = series.to_numpy(dtype=np.int64)
+    """A token-count column as int64: whole numbers in 0..MAX_TOKENS (0 is kept: the engine rejects it with a
+    reason)."""
+    values: npt.NDArray[np.int64] | npt.NDArray[np.uint64] | FloatArray
+    if pd.api.types.is_integer_dtype(series.dtype):  # int64, or uint64 when a value is above 2**63 - 1
+        values = series.to_numpy()
     else:
-        floats = _numbers(series, where, column)
-        frac = np.flatnonzero(floats != np.floor(floats))
-        if frac.size:
-            i = int(frac[0])
-            raise ValueError(f"{where}: column {column!r} row {i}: {series.iloc[i]!r} is not a whole number")
-        values = floats.astype(np.int64)
-    negative = np.flatnonzero(values < 0)
-    if negative.size:
-        i = int(negative[0])
-        raise ValueError(f"{where}: column {column!r} row {i}: {values[i]} is negative")
-    return values
+        values = _numbers(series, where, column)
+    bad = np.flatnonzero((values != np.floor(values)) | (values < 0) | (values > MAX_TOKENS))
+    if bad.size:
+        i = int(bad[0])
+        value = values[i]
+        if value != np.floor(value):
+            what = "is not a whole number"
+        elif value < 0:
+            what = "is negative"
+        else:
+            what = f"is more than MAX_TOKENS = {MAX_TOKENS} tokens"
+        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {_show(series.iloc[i])} {what}")
+    return values.astype(np.int64)
 
 
 def _seconds(series: pd.Series, where: str, column: str, unit_s: float) -> FloatArray:
@@ -382,7 +554,9 @@ def _datetimes(series: pd.Series, where: str, column: str) -> FloatArray:
     bad = np.flatnonzero(stamps.isna().to_numpy())
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"{where}: column {column!r} row {i}: {series.iloc[i]!r} is not a date and time")
+        raw = series.iloc[i]
+        what = "missing value" if pd.isna(raw) else f"{_show(raw)} is not a date and time"
+        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {what}")
     if len(stamps) == 0:
         return np.zeros(0)
     return ((stamps - stamps.iloc[0]) / pd.Timedelta(1, "s")).to_numpy(dtype=np.float64)

@@ -200,7 +200,9 @@ def load_trace(
     - ``limit`` keeps the first ``limit`` rows of the file (for BurstGPT, of those that pass ``model``, a
       filter on its ``Model`` column).
     - Timestamps must be sorted; an earlier row after a later one is an error naming both rows, unless
-      ``sort=True``, which sorts by arrival (stable).
+      ``sort=True`` (``ferry run --sort-trace``), which sorts by arrival (stable).
+    - Token counts must be whole numbers in ``0..MAX_TOKENS`` (2**31 - 1) and arrivals at most ``MAX_ARRIVAL_S``
+      (1e9 s) after the start (``sim.traces``); a bad value is a ``ValueError`` naming the file, row and column.
     """
     cols = traces.read_trace(path, format, limit, time_scale, model, sort)
     return Workload(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.request_id, cols.source)

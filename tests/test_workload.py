@@ -3,9 +3,13 @@ against the gamma renewal process they claim to be, and the token-length specs a
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
 import json
+import lzma
 import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.lengths import read_length_pairs
 from sim.workload import (
     FORMATS,
     LengthSpec,
@@ -229,8 +234,9 @@ S_HEAD = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
         ("s.csv", S_HEAD + "0,1,1\n1,-4,1\n", "auto", ["num_prefill_tokens", "row 1", "-4", "negative"]),
         ("s.csv", S_HEAD + "0,1,1\n1,2,1\n2,,1\n", "auto", ["num_prefill_tokens", "row 2", "missing"]),
         ("s.csv", S_HEAD + "0,1,1\n1,2.5,1\n", "auto", ["num_prefill_tokens", "row 1", "2.5", "whole"]),
+        ("s.csv", S_HEAD + "0,True,1\n1,False,1\n", "auto", ["num_prefill_tokens", "row 0", "'True'"]),
         ("s.csv", S_HEAD + "0,1,1\nnan,2,1\n", "auto", ["arrived_at", "row 1", "'nan'"]),
-        ("s.csv", S_HEAD + "0,1,1\n2,1,1\n1,1,1\n", "auto", ["arrived_at", "row 2", "row 1", "sort=True"]),
+        ("s.csv", S_HEAD + "0,1,1\n2,1,1\n1,1,1\n", "auto", ["arrived_at", "row 2", "row 1", "--sort-trace"]),
         ("s.csv", S_HEAD, "auto", ["no requests"]),
         (
             "a.csv",
@@ -248,7 +254,7 @@ S_HEAD = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
         ("m.jsonl", '{"timestamp": 1, "input_length": 2}\n', "auto", ["line 1", "output_length"]),
         ("m.jsonl", MOONCAKE + "\n{oops\n", "auto", ["line 4", "JSON"]),
         ("m.jsonl", MOONCAKE.replace("6472", "-6"), "auto", ["line 2", "input_length", "-6"]),
-        ("m.jsonl", MOONCAKE.replace("3500", "10"), "auto", ["line 3", "line 2", "sort=True"]),
+        ("m.jsonl", MOONCAKE.replace("3500", "10"), "auto", ["line 3", "line 2", "--sort-trace"]),
     ],
 )
 def test_trace_errors_name_the_column_and_row(tmp_path, name, text, fmt, words):
@@ -278,6 +284,142 @@ def test_trace_argument_errors(tmp_path, kwargs, words):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.csv"):
         load_trace(tmp_path / "nope.csv")
+
+
+# --- bounds on values, compressions and encodings, header spaces --------------------------------------------
+
+N_HEAD = "arrival_time_s,prompt_tokens,output_tokens\n"
+M_LINE = '{{"timestamp": {}, "input_length": {}, "output_length": {}}}\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("n.csv", N_HEAD + "0,1e30,1\n", ["'prompt_tokens' row 0", "1e+30", "MAX_TOKENS"]),
+        ("n.csv", N_HEAD + f"0,1,1\n1,{2**63 - 1},1\n", ["'prompt_tokens' row 1", str(2**63 - 1), "MAX_TOKENS"]),
+        ("n.csv", N_HEAD + f"0,{2**62},{2**62}\n", ["'prompt_tokens' row 0", str(2**62)]),
+        ("n.csv", N_HEAD + f"0,1,{2**64}\n", ["'output_tokens' row 0", str(2**64)]),
+        ("n.csv", N_HEAD + f"0,1,{2**31}\n", ["'output_tokens' row 0", str(2**31)]),
+        ("m.jsonl", M_LINE.format(0, "1e30", 1), ["line 1", "'input_length'", "1e+30", "MAX_TOKENS"]),
+        ("m.jsonl", M_LINE.format(0, 1, 10**30), ["line 1", "'output_length'", str(10**30)[:20]]),
+    ],
+)
+def test_token_counts_are_bounded(tmp_path, name, text, words):
+    path = write(tmp_path, name, text)
+    with pytest.raises(ValueError) as err:
+        load_trace(path)
+    for word in [str(path), *words]:
+        assert word in str(err.value)
+
+
+def test_the_largest_token_count_is_read(tmp_path):
+    w = load_trace(write(tmp_path, "n.csv", N_HEAD + f"0,{2**31 - 1},{2**31 - 1}\n"))
+    assert list(w.prompt_tokens) == [2**31 - 1] and int(w.prompt_tokens.sum() + w.output_tokens.sum()) == 2**32 - 2
+    from sim.traces import MAX_ARRIVAL_S, MAX_TOKENS
+
+    assert MAX_TOKENS == 2**31 - 1 and MAX_ARRIVAL_S == 1e9
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kwargs", "words"),
+    [
+        ("n.csv", N_HEAD + "1e30,1,1\n", {}, ["'arrival_time_s' row 0", "1e+30", "MAX_ARRIVAL_S"]),
+        ("s.csv", S_HEAD + "0,1,1\n2e9,1,1\n", {}, ["'arrived_at' row 1", "2e+09", "MAX_ARRIVAL_S"]),
+        ("s.csv", S_HEAD + "-1e308,1,1\n1e308,1,1\n", {}, ["'arrived_at' row 1", "inf"]),
+        ("n.csv", N_HEAD + "0,1,1\n1,1,1\n", {"time_scale": 1e-10}, ["row 1", "1e+10", "time_scale=1e-10"]),
+        ("m.jsonl", M_LINE.format(10**400, 1, 1), {}, ["line 1", "'timestamp'", "finite"]),
+        ("m.jsonl", M_LINE.format(0, 1, 1) + M_LINE.format(2e12, 1, 1), {}, ["line 2", "2e+09"]),
+        ("m.jsonl", M_LINE.format(0, 1, 1) + M_LINE.format("1" * 5000, 1, 1), {}, ["line 2", "JSON"]),
+    ],
+)
+def test_arrival_times_are_bounded(tmp_path, name, text, kwargs, words):
+    path = write(tmp_path, name, text)
+    with pytest.raises(ValueError) as err:
+        load_trace(path, **kwargs)
+    for word in [str(path), *words]:
+        assert word in str(err.value)
+    assert load_trace(write(tmp_path, "ok.csv", N_HEAD + "0,1,1\n1e9,1,1\n")).arrival_s[-1] == 1e9
+
+
+def test_errors_after_sorting_or_filtering_name_the_files_row(tmp_path):
+    with pytest.raises(ValueError, match=r"row 1: -1\.0 is negative"):
+        load_trace(write(tmp_path, "n.csv", N_HEAD + "1,1,1\n-1,2,2\n"), sort=True)
+    with pytest.raises(ValueError, match=r"'Request tokens' row 3: 'abc'"):
+        load_trace(write(tmp_path, "b.csv", BURSTGPT.replace("300", "abc")), model="ChatGPT")
+
+
+def encode(text: str, how: str) -> bytes:
+    """``text`` as the bytes of a file written ``how``: a compression, an encoding, or both (``utf-16+gzip``)."""
+    encoding, _, compression = how.partition("+") if "utf" in how else ("utf-8", "", how)
+    data = text.encode(encoding)
+    if compression == "zip":
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("inner.csv", data)
+        return buffer.getvalue()
+    compress = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress, "": bytes}
+    return compress[compression](data)
+
+
+@pytest.mark.parametrize("how", ["gzip", "bz2", "xz", "zip", "utf-8-sig", "utf-16", "utf-32", "utf-16+gzip"])
+@pytest.mark.parametrize(("fmt", "name"), [("splitwise", "s.csv"), ("splitwise", "s.csv.gz"), ("mooncake", "m.jsonl")])
+def test_compressions_and_encodings_are_told_by_the_first_bytes(tmp_path, how, fmt, name):
+    _, text, arrival, prompt, output = EXPECTED[fmt]
+    path = tmp_path / name
+    path.write_bytes(encode(text, how))
+    w = load_trace(path)
+    np.testing.assert_allclose(w.arrival_s, arrival, rtol=0, atol=1e-9)
+    assert list(w.prompt_tokens) == prompt and list(w.output_tokens) == output
+    spec = parse_length_spec({"dist": "empirical", "path": str(path), "column": "prompt_tokens"})
+    assert set(spec.sample(20, rng())) <= set(prompt)
+
+
+def test_plain_text_named_gz_is_read(tmp_path):
+    assert len(load_trace(write(tmp_path, "s.csv.gz", SPLITWISE))) == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("s.csv", SPLITWISE.encode() + "4.6,\u00e9,1\n".encode("latin-1"), ["not UTF-8 text"]),
+        ("m.jsonl", MOONCAKE.encode() + b'\n{"timestamp": 1, "x": "\xff"}\n', ["line 4", "save the file as UTF-8"]),
+        ("s.csv", SPLITWISE.encode("utf-16-le"), ["NUL bytes", "byte-order mark"]),
+        ("s.csv", gzip.compress(SPLITWISE.encode())[:20], ["gzip"]),
+        ("m.jsonl", encode(MOONCAKE, "zip")[:30], ["zip"]),
+    ],
+)
+def test_undecodable_files_are_refused_by_name(tmp_path, name, data, words):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as err:
+        load_trace(path)
+    for word in [str(path), *words]:
+        assert word in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_header_names_are_matched_after_stripping(tmp_path):
+    path = write(tmp_path, "n.csv", " arrival_time_s , prompt_tokens,output_tokens \n0,1,2\n0.5,3,4\n")
+    w = load_trace(path)
+    assert list(w.prompt_tokens) == [1, 3] and list(w.output_tokens) == [2, 4]
+    stats = write(tmp_path, "stats.csv", " num_prefill_tokens , num_decode_tokens \n5,6\n")
+    assert set(parse_length_spec(f"empirical:{stats}:num_prefill_tokens").sample(3, rng())) == {5}
+    assert [list(v) for v in read_length_pairs(stats)] == [[5], [6]]
+    bad = write(tmp_path, "bad.csv", " arrival_time_s ,prompt_tokens,output_tokens\nx,1,1\n")
+    with pytest.raises(ValueError, match=r"column 'arrival_time_s' row 0: 'x'"):
+        load_trace(bad)
+
+
+def test_a_trailing_field_does_not_shift_the_columns(tmp_path):
+    w = load_trace(
+        write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens\n1,GPT-4,7,8,\n2,GPT-4,9,10\n")
+    )
+    assert list(w.prompt_tokens) == [7, 9] and list(w.output_tokens) == [8, 10]
+
+
+def test_an_unsorted_trace_is_a_length_source(tmp_path):
+    path = write(tmp_path, "m.jsonl", M_LINE.format(5, 1, 10) + M_LINE.format(3, 2, 20))
+    assert [list(v) for v in read_length_pairs(path)] == [[2, 1], [20, 10]]
 
 
 # --- synthetic arrivals -------------------------------------------------------------------------------------
@@ -435,6 +577,27 @@ def test_bad_values_name_the_field_and_value(text, words):
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (str(2**31), ["fixed.value", str(2**31)]),
+        ("uniform:1:99999999999999999999", ["uniform.high"]),
+        ("zipf:a=2,min=99999999999999999999,max=99999999999999999999", ["zipf.min"]),
+        ("lognormal:median=5,sigma=1,max=3000000000", ["lognormal.max"]),
+    ],
+)
+def test_length_specs_are_bounded_by_max_tokens(text, words):
+    with pytest.raises(ValueError) as err:
+        parse_length_spec(text)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_lognormal_without_max_stays_within_max_tokens():
+    values = parse_length_spec("lognormal:median=1e9,sigma=10").sample(1000, rng())
+    assert values.max() == 2**31 - 1 and values.min() >= 1
+
+
 def test_length_spec_in_a_yaml_config():
     class Config(pydantic.BaseModel):
         input_len: LengthSpec
@@ -485,6 +648,8 @@ def test_empirical_lengths(tmp_path):
         ("pd_ratio", STATS, ["pd_ratio", "row 0", "whole"]),
         ("prompt_tokens", STATS, ["prompt_tokens", "columns found"]),
         ("num_total_tokens", "num_total_tokens\n", ["no values"]),
+        ("n", "n\n1\n1e30\n", ["'n' row 1", "1e+30", "MAX_TOKENS"]),
+        ("n", f"n\n{2**63}\n", ["'n' row 0", str(2**63), "MAX_TOKENS"]),
     ],
 )
 def test_empirical_errors(tmp_path, column, text, words):
