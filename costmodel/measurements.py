@@ -79,8 +79,40 @@ def _spec(row: pd.Series) -> ModelSpec:
     )
 
 
-def _read_linear(path: Path, model: str, hardware: str) -> pd.DataFrame:
-    raw = pd.read_csv(path)
+# shape columns every row must hold as a whole number >= 1 (``tp`` and the token counts; attention's batch and
+# chunk may be 0 where they do not apply, its context too)
+_POSITIVE = ("tp", "n_embd", "n_head", "n_kv_head", "n_expanded_embd", "vocab_size")
+_NON_NEGATIVE = ("num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size")
+
+
+def _read_checked(path: Path, hardware: str, model: str | None = None) -> pd.DataFrame:
+    """Read one profile CSV (linear operators of ``model``, or attention when ``model`` is None) and check its
+    shapes; any problem is a ValueError naming the file (and the row, column and value where there is one), never a
+    KeyError or a codec error."""
+    try:
+        raw = pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ValueError(f"{path}: not a readable CSV file ({type(exc).__name__}: {exc})") from None
+    try:
+        frame = _read_attention(raw, hardware) if model is None else _read_linear(raw, model, hardware)
+    except KeyError as exc:
+        raise ValueError(f"{path}: missing column {exc.args[0]!r}; is this one of Vidur's compute profiles?") from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: a column does not hold what Vidur's profiles hold: {exc}") from None
+    for col in _POSITIVE + _NON_NEGATIVE:
+        values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=np.float64)
+        low = 1 if col in _POSITIVE else 0
+        bad = ~np.isfinite(values) | (values < low) | (values != np.round(values))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            value = frame[col].iloc[i]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise ValueError(f"{path}: row {i}: column {col!r} is {value!r}, expected a whole number >= {low}")
+    measured = pd.to_numeric(frame["measured_s"], errors="coerce")
+    return frame.assign(measured_s=measured)
+
+
+def _read_linear(raw: pd.DataFrame, model: str, hardware: str) -> pd.DataFrame:
     frames = []
     for op, (cols, _) in LINEAR_OPS.items():
         medians = [f"time_stats.{c}.median" for c in cols]
@@ -110,8 +142,7 @@ def _read_linear(path: Path, model: str, hardware: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
 
 
-def _read_attention(path: Path, hardware: str) -> pd.DataFrame:
-    raw = pd.read_csv(path)
+def _read_attention(raw: pd.DataFrame, hardware: str) -> pd.DataFrame:
     prefill = raw["is_prefill"].astype(str).str.lower() == "true"
     frames = []
     for op, col in ATTENTION_OPS.items():
@@ -173,12 +204,16 @@ def load_vidur(data_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
             continue
         for f in files:
             if f.name == "mlp.csv":
-                model = str(f.parent.relative_to(device_dir))
-                frames.append(_read_linear(f, model, hardware))
+                frame = _read_checked(f, hardware, model=str(f.parent.relative_to(device_dir)))
             elif f.name.startswith("attention"):
-                frames.append(_read_attention(f, hardware))
+                frame = _read_checked(f, hardware)
             else:
                 skipped.append(f"{f.relative_to(root)} (not a compute profile ferry reads)")
+                continue
+            if frame.empty:
+                skipped.append(f"{f.relative_to(root)} (none of the operator columns ferry reads)")
+            else:
+                frames.append(frame)
     if not frames:
         raise ValueError(f"{root}: found no Vidur compute profiles (compute/<a100|h100>/<org>/<model>/mlp.csv)")
     df = pd.concat(frames, ignore_index=True)

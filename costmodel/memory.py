@@ -60,8 +60,11 @@ def plan_memory(
     activation_reserve_bytes: int,
     kv_bytes_per_token: int,
     block_size: int,
+    reserve_for: str = "",
 ) -> MemoryPlan:
-    """Divide one GPU's memory; ValueError naming the sizes when the model leaves no room for a single KV block."""
+    """Divide one GPU's memory; ValueError naming the sizes, and the value at fault, when no KV block fits: the
+    weights, the activation reserve (for ``reserve_for``, e.g. the scheduler limits it was sized for) or one block
+    itself."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
@@ -70,14 +73,30 @@ def plan_memory(
     kv_cache = usable - weight_bytes_per_gpu - activation_reserve_bytes
     block_bytes = block_size * kv_bytes_per_token
     blocks = kv_cache // block_bytes if kv_cache > 0 else 0
-    if blocks < 1:
+    usable_text = (
+        f"{gpu_memory_bytes / GiB:.1f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
+        f"{usable / GiB:.1f} GiB is usable"
+    )
+    reserve_at_fault = activation_reserve_bytes > weight_bytes_per_gpu and weight_bytes_per_gpu <= usable
+    if blocks < 1 and kv_cache <= 0 and not reserve_at_fault:
         verdict = "do not fit" if weight_bytes_per_gpu > usable else "leave no room for the KV cache"
         raise ValueError(
             f"{model} does not fit on {hardware} at tp={tp}: its weights need {weight_bytes_per_gpu / GiB:.1f} GiB "
-            f"per GPU and the activation reserve {activation_reserve_bytes / GiB:.1f} GiB, but "
-            f"{gpu_memory_bytes / GiB:.1f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
-            f"{usable / GiB:.1f} GiB is usable, so they {verdict}; use more GPUs (tensor parallelism), quantized "
-            "weights or a larger device"
+            f"per GPU and the activation reserve {activation_reserve_bytes / GiB:.1f} GiB, but {usable_text}, so "
+            f"they {verdict}; use more GPUs (tensor parallelism), quantized weights or a larger device"
+        )
+    if blocks < 1 and kv_cache <= 0:  # the reserve, larger than the weights, is what leaves no room
+        raise ValueError(
+            f"the activation reserve{' for ' + reserve_for if reserve_for else ''} needs "
+            f"{activation_reserve_bytes / GiB:,.1f} GiB per GPU, more than the "
+            f"{(usable - weight_bytes_per_gpu) / GiB:.1f} GiB left after {model}'s weights "
+            f"({weight_bytes_per_gpu / GiB:.1f} GiB) on {hardware} ({usable_text}); lower those limits"
+        )
+    if blocks < 1:
+        raise ValueError(
+            f"block_size={block_size:,}: one KV block needs {block_bytes / GiB:,.2f} GiB per GPU, but only "
+            f"{kv_cache / GiB:.2f} GiB is left for the KV cache of {model} on {hardware}; use a smaller --block-size "
+            "(vLLM's default is 16 tokens)"
         )
     return MemoryPlan(
         model=model,

@@ -338,6 +338,7 @@ class CostModel:
             activation_reserve_bytes=int(reserve),
             kv_bytes_per_token=self.kv_bytes_per_token(),
             block_size=block_size,
+            reserve_for=f"max_num_batched_tokens={max_num_batched_tokens:,} and max_num_seqs={max_num_seqs:,}",
         )
 
     def describe(self) -> str:

@@ -2,7 +2,7 @@
 
 Errors a user can cause (bad flags, bad files, a model that does not fit) are ``ValueError``/``OSError`` raised with a
 message that names the field and value; they are printed as one line and exit with status 2. ``--debug`` shows the
-traceback instead.
+traceback instead. Ctrl-C stops any command with one line and status 130 (``experiments.interrupts``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-import pydantic
+from experiments import interrupts
 
 # modules that define a subcommand, in the order `ferry --help` lists them
 COMMAND_MODULES = (
@@ -40,11 +40,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    with interrupts.watch():  # before the subcommands' imports, which take a second or two
+        try:
+            args = build_parser().parse_args(argv)
+            return _run(args)
+        except KeyboardInterrupt:
+            command = getattr(locals().get("args"), "command", None)
+            print(f"ferry{' ' + command if command else ''}: interrupted", file=sys.stderr)
+            return INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the subcommand; a user's error is one line and status 2 (``--debug``: the traceback)."""
+    import pydantic
+
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        interrupts.checkpoint()  # a Ctrl-C swallowed on the way still stops with 130
+        return code
+    except MemoryError:
+        if args.debug:
+            raise
+        print(f"ferry {args.command}: error: out of memory (a workload or limit too large for this machine)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     except (ValueError, OSError, pydantic.ValidationError) as exc:
         if args.debug:
             raise
@@ -53,11 +76,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    import pydantic
+
     if isinstance(exc, pydantic.ValidationError):
         parts = []
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "config"
-            parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            msg = err["msg"].removeprefix("Value error, ")
+            given = err.get("input")
+            # a field's own value helps; a whole section (a model validator's input) does not
+            parts.append(f"{loc}: {msg}" if isinstance(given, dict) else f"{loc}: {msg} (got {given!r})")
         return "; ".join(parts)
     return str(exc)
 

@@ -10,14 +10,35 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
-from policies.config import SchedulerConfig
+from policies.config import APPLIES_TO, BUILTIN_POLICIES, SchedulerConfig
 from policies.vllm_defaults import LATEST, OLDEST, release_in_force
 from sim.workload import FORMATS, LengthSpec, parse_length_spec
+
+MAX_NUM_PROMPTS = 20_000_000  # requests in one run: ~20 GB of request columns and records; split larger workloads
+MAX_HORIZON_S = 1e9  # the last arrival of a workload (s, ~32 years): beyond it clocks lose their resolution
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]  # a float that is not a bool (true would be 1.0); "inf" is fine
 
 
 class WorkloadConfig(BaseModel):
@@ -27,28 +48,39 @@ class WorkloadConfig(BaseModel):
 
     trace: Path | None = Field(None, description="trace file to replay (see trace_format)")
     trace_format: str = Field("auto", description=f"one of {', '.join(FORMATS)}")
-    trace_time_scale: float = Field(1.0, gt=0, description="replay speed-up: arrivals are divided by this")
-    num_prompts: int | None = Field(
+    trace_time_scale: Number = Field(1.0, gt=0, description="replay speed-up: arrivals are divided by this")
+    num_prompts: StrictInt | None = Field(
         None, ge=1, description="requests to generate (default 1000), or the first N of the trace (default all)"
     )
-    request_rate: float = Field(math.inf, gt=0, description="synthetic: requests per second (inf: all at t=0)")
-    burstiness: float = Field(1.0, gt=0, description="synthetic: gamma shape of inter-arrival times (1 = Poisson)")
+    sort_trace: StrictBool = Field(False, description="sort the trace by arrival time (stable) instead of refusing it")
+    request_rate: Number = Field(math.inf, gt=0, description="synthetic: requests per second (inf: all at t=0)")
+    burstiness: Number = Field(1.0, gt=0, description="synthetic: gamma shape of inter-arrival times (1 = Poisson)")
     lengths_from: Path | None = Field(
         None,
         description="synthetic: resample (prompt, output) pairs jointly from this file (a trace, or a lengths CSV "
         "such as ShareGPT's num_prefill_tokens,num_decode_tokens) instead of input_len/output_len",
     )
-    lengths_max_total: int | None = Field(
+    lengths_max_total: StrictInt | None = Field(
         None, ge=2, description="with lengths_from: drop rows whose prompt + output exceeds this (tokens)"
     )
     input_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(1024))
     output_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(128))
-    seed: int = Field(0, description="seed of the numpy Generator that draws the synthetic workload")
+    seed: StrictInt = Field(0, ge=0, description="seed of the numpy Generator that draws the synthetic workload")
 
     @field_validator("input_len", "output_len", mode="before")
     @classmethod
     def _length(cls, value: Any) -> Any:
         return parse_length_spec(value)
+
+    @field_validator("num_prompts")
+    @classmethod
+    def _num_prompts(cls, value: int | None) -> int | None:
+        if value is not None and value > MAX_NUM_PROMPTS:
+            raise ValueError(
+                f"{value:,} requests are more than ferry simulates in one run (at most {MAX_NUM_PROMPTS:,}, about 20 "
+                "GB of request columns and records); split the workload"
+            )
+        return value
 
     @field_validator("trace_format")
     @classmethod
@@ -56,6 +88,76 @@ class WorkloadConfig(BaseModel):
         if value not in FORMATS:
             raise ValueError(f"unknown trace format {value!r}; choose one of {', '.join(FORMATS)}")
         return value
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadConfig:
+        changed = changed_fields(self)
+        if self.trace is not None:
+            ignored = sorted(k for k in changed if k in SYNTHETIC_ONLY)
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(f'{k}={show(getattr(self, k))}' for k in ignored)}: synthetic-workload "
+                    "setting(s) that --trace ignores (a trace brings its arrivals and lengths; --trace-time-scale "
+                    "speeds it up, --num-prompts takes its first N)"
+                )
+        else:
+            ignored = sorted(k for k in changed if k in TRACE_ONLY)
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)}: setting(s) of a trace replay, given without --trace")
+            if self.lengths_max_total is not None and self.lengths_from is None:
+                raise ValueError(
+                    f"lengths_max_total={self.lengths_max_total} filters the rows of --lengths-from, which is not given"
+                )
+            if math.isfinite(self.request_rate):
+                n = self.num_prompts if self.num_prompts is not None else 1000
+                if n / self.request_rate > MAX_HORIZON_S:
+                    raise ValueError(
+                        f"request_rate={self.request_rate:g} spreads {n:,} requests over {n / self.request_rate:.3g} "
+                        f"s, past what ferry simulates ({MAX_HORIZON_S:.0e} s, about 32 years); raise --request-rate"
+                    )
+        return self
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the last silently)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice (lines {seen[key]} and {line})", key_node.start_mark
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def show(value: Any) -> str:
+    """A setting as a user writes it: a length spec as its text, a number plainly, anything else as repr."""
+    if hasattr(value, "text"):  # a length spec
+        return str(value.text())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g}"
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def changed_fields(model: BaseModel) -> list[str]:
+    """Fields given to ``model`` with a value other than their default (a resolved config written back, as
+    ``summary.json`` holds it, gives every field, most of them at their defaults)."""
+    fields = type(model).model_fields
+    return [k for k in model.model_fields_set if getattr(model, k) != fields[k].get_default(call_default_factory=True)]
+
+
+SYNTHETIC_ONLY = ("request_rate", "burstiness", "lengths_from", "lengths_max_total", "input_len", "output_len", "seed")
+TRACE_ONLY = ("trace_format", "trace_time_scale", "sort_trace")
 
 
 class RunConfig(BaseModel):
@@ -65,14 +167,16 @@ class RunConfig(BaseModel):
 
     model: str = Field("llama-3-8b", description="built-in model name or path to a Hugging Face config.json")
     hardware: str = Field("h100-sxm", description="built-in hardware profile name or path to a profile file")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the replica's tensors are split over")
+    tensor_parallel_size: StrictInt = Field(1, ge=1, description="GPUs the replica's tensors are split over")
     dtype: str = Field("auto", description="weights and activations: auto (config's torch_dtype), bf16, fp16, fp32")
     kv_cache_dtype: str = Field("auto", description="KV cache: auto (= dtype) or fp8, ...")
     quantization: str | None = Field(None, description="weight quantization: fp8, int8, int4 (None: dtype)")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory ferry may use")
-    block_size: int = Field(16, ge=1, description="tokens per KV-cache block")
-    num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks to use instead of the computed")
-    kv_watermark: float | None = Field(
+    gpu_memory_utilization: Number = Field(0.9, gt=0, le=1, description="share of GPU memory ferry may use")
+    block_size: StrictInt = Field(16, ge=1, description="tokens per KV-cache block")
+    num_gpu_blocks_override: StrictInt | None = Field(
+        None, ge=1, description="KV blocks to use instead of the computed"
+    )
+    kv_watermark: Number | None = Field(
         None,
         ge=0,
         lt=1,
@@ -85,7 +189,7 @@ class RunConfig(BaseModel):
         "max_num_batched_tokens, scheduler_reserve_full_isl and kv_watermark when they are not given "
         f"(continuous, chunked); {OLDEST} or later",
     )
-    stream: bool | None = Field(
+    stream: StrictBool | None = Field(
         None,
         description="clients receive tokens as they are made (streaming); false: each response arrives whole when "
         "its request gives back its seat. Default: streamed, except static and dynamic batching (whose members' "
@@ -114,14 +218,34 @@ class RunConfig(BaseModel):
         release_in_force(value)  # refuses what is not a release ferry knows the defaults of
         return value
 
+    @model_validator(mode="after")
+    def _applies(self) -> RunConfig:
+        """Refuse a setting the policy would ignore (a built-in policy; a user's own may read anything)."""
+        policy = self.scheduler.policy
+        if policy not in BUILTIN_POLICIES:
+            return self
+        given = {k: getattr(self.scheduler, k) for k in changed_fields(self.scheduler)}
+        given |= {k: getattr(self, k) for k in changed_fields(self) if k in ("kv_watermark", "vllm_defaults")}
+        for field, value in sorted(given.items()):
+            readers = APPLIES_TO.get(field)
+            if readers is not None and policy not in readers:
+                who = ", ".join(readers[:-1]) + (" and " if len(readers) > 1 else "") + readers[-1]
+                raise ValueError(
+                    f"{field}={show(value)} does not apply to --policy {policy}: only {who} read it; leave it out"
+                )
+        return self
+
     @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read a YAML (or JSON) config file and apply ``overrides`` (flat field names) on top."""
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        except yaml.MarkedYAMLError as exc:
+            where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark is not None else ""
+            raise ValueError(f"{path}: not valid YAML{where}: {exc.problem}") from None
         except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of field names to values, got {type(data).__name__}")
         if "config" in data and isinstance(data["config"], dict):  # a summary.json: take its resolved config
@@ -138,8 +262,19 @@ class RunConfig(BaseModel):
 
     def to_jsonable(self) -> dict[str, Any]:
         """The config as plain JSON values; an infinite rate is written "inf" (JSON has no infinity), which
-        ``load`` reads back."""
-        return _finite(self.model_dump(mode="json"))
+        ``load`` reads back; file paths are made absolute, so the config reproduces the run from any folder."""
+        data = _finite(self.model_dump(mode="json"))
+        workload = data["workload"]
+        for key in ("trace", "lengths_from"):
+            if workload.get(key) is not None:
+                workload[key] = str(Path(workload[key]).resolve())
+        for key in ("input_len", "output_len"):
+            if isinstance(workload.get(key), dict) and workload[key].get("path"):
+                workload[key]["path"] = str(Path(workload[key]["path"]).resolve())
+        for key in ("model", "hardware"):  # a path to a config.json or a profile, not a built-in name
+            if Path(data[key]).suffix in (".json", ".yaml", ".yml") and Path(data[key]).exists():
+                data[key] = str(Path(data[key]).resolve())
+        return data
 
 
 def _finite(value: Any) -> Any:

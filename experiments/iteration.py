@@ -102,14 +102,26 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def memory_note(cm: CostModel) -> tuple[dict[str, Any], str]:
-    """Whether the model fits (default gpu_memory_utilization 0.9, blocks of 16): a JSON object and a line of text."""
+def memory_note(cm: CostModel, shape: IterationShape) -> tuple[dict[str, Any], str]:
+    """Whether the model and this iteration's KV fit (default gpu_memory_utilization 0.9, blocks of 16): a JSON
+    object and a line of text. The iteration holds, per sequence, its cached context and the tokens it computes."""
+    kv_tokens = int(shape.prefill_ctx.sum() + shape.prefill_new.sum() + shape.decode_ctx.sum() + shape.num_decode_seqs)
     try:
         plan = cm.memory_plan()
     except ValueError as exc:
-        return {"fits": False, "error": str(exc)}, f"memory: DOES NOT FIT: {exc}"
-    text = f"memory: fits; KV cache {plan.max_tokens:,} tokens per replica at gpu_memory_utilization 0.9"
-    return {"fits": True, "kv_cache_tokens": plan.max_tokens, "num_gpu_blocks": plan.num_gpu_blocks}, text
+        return {"fits": False, "error": str(exc), "iteration_kv_tokens": kv_tokens}, f"memory: DOES NOT FIT: {exc}"
+    out = {"kv_cache_tokens": plan.max_tokens, "num_gpu_blocks": plan.num_gpu_blocks, "iteration_kv_tokens": kv_tokens}
+    if kv_tokens > plan.max_tokens:
+        error = (
+            f"this iteration's sequences hold {kv_tokens:,} KV tokens, but the KV cache holds {plan.max_tokens:,} "
+            f"({cm.model.name} on {cm.hardware.name}, tp={cm.tp}, gpu_memory_utilization 0.9)"
+        )
+        return {"fits": False, "error": error} | out, f"memory: DOES NOT FIT: {error}"
+    text = (
+        f"memory: fits; the iteration holds {kv_tokens:,} of the KV cache's {plan.max_tokens:,} tokens per replica "
+        "at gpu_memory_utilization 0.9"
+    )
+    return {"fits": True} | out, text
 
 
 def to_json(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +134,7 @@ def to_json(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: a
         dtypes={"activation": cm.dtypes.activation, "weight": cm.dtypes.weight, "kv_cache": cm.dtypes.kv_cache},
         prefill=list(args.prefill),
         decode=list(args.decode),
-        memory=memory_note(cm)[0],
+        memory=memory_note(cm, shape)[0],
     )
     return out
 
@@ -139,7 +151,7 @@ def render(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: ar
         f"predicted time: {b.time_s * 1e3:.3f} ms  (GPU operators {b.gpu_time_s * 1e3:.3f} ms, {b.bound}-bound; "
         f"communication {b.communication_s * 1e3:.3f} ms; host overhead {b.overhead_s * 1e3:.3f} ms)",
         f"ridge point: {cm.ridge_point:.0f} FLOP/byte ({cm.gemm_dtype} peak / memory bandwidth)",
-        memory_note(cm)[1],
+        memory_note(cm, shape)[1],
         "",
         f"{'op':<18} {'GFLOP':>10} {'MB':>10} {'FLOP/B':>8} {'time ms':>9} {'share':>6}  bound",
     ]

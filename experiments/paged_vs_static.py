@@ -58,7 +58,9 @@ def systems(batch_sizes: list[int]) -> list[System]:
     ]
     for policy in ("static", "dynamic"):
         for b in batch_sizes:
-            fields = {"policy": policy, "kv_reservation": "max_model_len", "max_batch_size": b, "max_delay_ms": 1000.0}
+            fields: dict[str, Any] = {"policy": policy, "kv_reservation": "max_model_len", "max_batch_size": b}
+            if policy == "dynamic":
+                fields["max_delay_ms"] = 1000.0
             out.append(System(f"{policy}, reserve max_model_len, batch {b}", fields))
     return out
 

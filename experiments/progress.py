@@ -7,6 +7,8 @@ import sys
 import time
 from typing import TextIO
 
+from experiments import interrupts
+
 
 class Progress:
     """Call it with (simulated clock s, requests not yet ended, requests in all); it redraws at most every
@@ -21,6 +23,7 @@ class Progress:
         self.drawn = False
 
     def __call__(self, now: float, unfinished: int, total: int) -> None:
+        interrupts.checkpoint()  # a Ctrl-C that was swallowed (see experiments.interrupts) stops the run here
         if not self.enabled:
             return
         wall = time.perf_counter()

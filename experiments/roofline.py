@@ -15,6 +15,7 @@ from typing import Any
 
 from costmodel import CostModel, IterationShape
 from experiments.iteration import add_model_arguments, cost_model_from_args
+from experiments.outputs import figure_path
 
 PREFILL_TOKENS = (128, 512, 2048, 8192)
 DECODE_BATCHES = (1, 8, 32, 128, 256)
@@ -126,6 +127,6 @@ def handle(args: argparse.Namespace) -> int:
     if args.context < 0:
         raise ValueError(f"--context must be >= 0, got {args.context}")
     cm = cost_model_from_args(args)
-    path = draw(cm, args.context, args.out)
+    path = draw(cm, args.context, figure_path(args.out))
     print(f"wrote {path}")
     return 0

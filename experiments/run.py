@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import policies
+from experiments import outputs
 from experiments.config import RunConfig
 from experiments.progress import Progress
-from experiments.simulation import run_simulation, write_outputs
+from experiments.simulation import RUN_OUTPUTS, run_simulation, write_outputs
 from policies.config import CHUNKED_ORDERS
 from policies.vllm_defaults import LATEST
-from sim.metrics import parse_goodput
+from sim.metrics import overload_notice, parse_goodput
 from sim.workload import FORMATS
 
 S = argparse.SUPPRESS  # flags not given do not override the config file or the defaults
@@ -35,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="folder for summary.json, requests.csv, iterations.csv (default: results/)",
     )
     p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
+    p.add_argument("--force", action="store_true", help="write into --out even if it holds files that are not a run's")
 
     add_run_arguments(p)
     p.set_defaults(func=main)
@@ -109,6 +112,9 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     g.add_argument("--trace", type=Path, default=S, help="trace file to replay instead of synthetic requests")
     g.add_argument("--trace-format", choices=FORMATS, default=S, help="trace file format (auto)")
     g.add_argument("--trace-time-scale", type=float, default=S, help="replay speed-up factor (1)")
+    g.add_argument(
+        "--sort-trace", action="store_true", default=S, help="sort a trace by arrival (stable) instead of refusing it"
+    )
     g.add_argument("--num-prompts", type=int, default=S, help="requests (synthetic: 1000; trace: first N)")
     g.add_argument("--request-rate", type=float, default=S, help="requests/s, inf = all at once (inf)")
     g.add_argument("--burstiness", type=float, default=S, help="gamma shape of inter-arrivals, 1 = Poisson")
@@ -154,7 +160,7 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
 
 
-_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug"}
+_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force"}
 
 
 def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = frozenset()) -> RunConfig:
@@ -169,12 +175,15 @@ def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = froz
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    outputs.check(args.out, RUN_OUTPUTS, "run", args.force)
     progress = Progress()
     try:
         result = run_simulation(config, on_progress=progress)
     finally:
         progress.close()
-    paths = write_outputs(result, args.out)
+    paths = write_outputs(result, args.out, args.force)
+    if result.summary.get("overload"):
+        print(f"ferry run: {overload_notice(result.summary['overload'])}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:
@@ -224,7 +233,8 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
             rows.append(
                 ("Max delay (ms) / preferred sizes", f"{sched['max_delay_ms']:g} / {','.join(map(str, preferred))}")
             )
-    rows.append(("KV watermark", f"{cfg['kv_watermark']:g}{mark('kv_watermark')}"))
+    if cfg.get("kv_watermark") is not None:
+        rows.append(("KV watermark", f"{cfg['kv_watermark']:g}{mark('kv_watermark')}"))
     whole = "whole, when the batch ends" if policy in ("static", "dynamic") else "whole, at the last token"
     rows.append(("Responses", "streamed" if cfg["stream"] else whole))
     return rows

@@ -6,6 +6,7 @@ This is what `ferry run` calls and what sweeps will call many times; it returns 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import numpy as np
 
 import policies
 from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
+from experiments import outputs
 from experiments.config import RunConfig
 from policies.vllm_defaults import EngineDefaults, engine_defaults
 from sim.engine import default_stream, simulate
@@ -41,7 +43,9 @@ class RunResult:
 def build_workload(config: RunConfig) -> Workload:
     w = config.workload
     if w.trace is not None:
-        return load_trace(w.trace, w.trace_format, limit=w.num_prompts, time_scale=w.trace_time_scale)
+        return load_trace(
+            w.trace, w.trace_format, limit=w.num_prompts, time_scale=w.trace_time_scale, sort=w.sort_trace
+        )
     rng = np.random.default_rng(w.seed)
     num = w.num_prompts if w.num_prompts is not None else DEFAULT_NUM_PROMPTS
     pairs = read_length_pairs(w.lengths_from, w.lengths_max_total) if w.lengths_from is not None else None
@@ -76,20 +80,18 @@ def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> t
             cpu=settings.get("device", "").startswith("cpu"),
             mix_prefill_decode=sched.mix_prefill_decode,
         )
-        limits = ("max_num_batched_tokens", "max_num_seqs") + (
-            ("scheduler_reserve_full_isl",) if sched.policy == "chunked" else ()
-        )
+        chunked = sched.policy == "chunked"
+        limits = ("max_num_batched_tokens", "max_num_seqs") + (("scheduler_reserve_full_isl",) if chunked else ())
         applied = [k for k in limits if k not in fields] + (["kv_watermark"] if config.kv_watermark is None else [])
         fields.setdefault("max_num_batched_tokens", vllm.max_num_batched_tokens)
         fields.setdefault("max_num_seqs", min(vllm.max_num_seqs, fields["max_num_batched_tokens"]))
-        fields.setdefault("scheduler_reserve_full_isl", vllm.scheduler_reserve_full_isl)
+        if chunked:
+            fields.setdefault("scheduler_reserve_full_isl", vllm.scheduler_reserve_full_isl)
         vllm = dataclasses.replace(vllm, applied=tuple(applied))
-    resolved = policies.SchedulerConfig(**fields)
-    fields["max_num_batched_tokens"] = resolved.token_budget
-    fields["max_num_seqs"] = resolved.seq_limit
+    # the other policies keep their limits unset: they do not read them (the memory plan takes the fallbacks)
     update: dict[str, Any] = {"scheduler": policies.SchedulerConfig(**fields)}
-    if config.kv_watermark is None:
-        update["kv_watermark"] = vllm.watermark if vllm is not None else 0.0
+    if config.kv_watermark is None and vllm is not None:
+        update["kv_watermark"] = vllm.watermark
     if config.stream is None:
         update["stream"] = default_stream(policies.get_class(sched.policy))
     return config.model_copy(update=update), vllm
@@ -148,9 +150,22 @@ def build_replica(config: RunConfig) -> Replica:
         max_num_seqs=config.scheduler.seq_limit,
     )
     if config.num_gpu_blocks_override is not None:
-        memory = dataclasses.replace(memory, num_gpu_blocks=config.num_gpu_blocks_override)
+        memory = override_blocks(memory, config.num_gpu_blocks_override)
     check_max_model_len_fits(config.scheduler.max_model_len, memory)
     return Replica(config, model, hardware, cost, memory, vllm)
+
+
+def override_blocks(memory: MemoryPlan, blocks: int) -> MemoryPlan:
+    """The plan with ``blocks`` KV blocks (vLLM's ``num_gpu_blocks_override``, for experiments with a small cache);
+    refused when the device could not hold them."""
+    block_bytes = memory.block_size * memory.kv_bytes_per_token
+    if blocks > memory.num_gpu_blocks:
+        raise ValueError(
+            f"num_gpu_blocks_override={blocks:,} needs {blocks * block_bytes / 2**30:,.1f} GiB of KV cache per GPU, "
+            f"but {memory.hardware} has {memory.kv_cache_bytes / 2**30:.1f} GiB left after weights and activations "
+            f"(at most {memory.num_gpu_blocks:,} blocks of {memory.block_size} tokens); lower it"
+        )
+    return dataclasses.replace(memory, num_gpu_blocks=blocks, kv_cache_bytes=blocks * block_bytes)
 
 
 def check_max_model_len_fits(max_model_len: int, memory: MemoryPlan) -> None:
@@ -199,13 +214,15 @@ def memory_summary(memory: MemoryPlan) -> dict[str, Any]:
     return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in dataclasses.asdict(memory).items()}
 
 
-def write_outputs(result: RunResult, out: Path) -> list[Path]:
-    """Write ``summary.json``, ``requests.csv`` and ``iterations.csv`` into ``out``; returns their paths."""
-    import json
+RUN_OUTPUTS = ("summary.json", "requests.csv", "iterations.csv")
 
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "summary.json", out / "requests.csv", out / "iterations.csv"]
-    paths[0].write_text(json.dumps(result.summary, indent=2, allow_nan=False) + "\n")
-    request_frame(result.records).to_csv(paths[1], index=False)
-    result.records.iterations.to_frame().to_csv(paths[2], index=False)
-    return paths
+
+def write_outputs(result: RunResult, out: Path, force: bool = False, command: str = "run") -> list[Path]:
+    """Write ``summary.json``, ``requests.csv`` and ``iterations.csv`` into ``out`` (see ``experiments.outputs``:
+    an earlier run's files there are replaced, other files refused unless ``force``; the summary is written last);
+    returns their paths."""
+    summary = json.dumps(result.summary, indent=2, allow_nan=False) + "\n"  # fails before anything is written
+    outputs.prepare(out, RUN_OUTPUTS, command, force)
+    requests = outputs.write_frame(out / "requests.csv", request_frame(result.records))
+    iterations = outputs.write_frame(out / "iterations.csv", result.records.iterations.to_frame())
+    return [outputs.write_text(out / "summary.json", summary), requests, iterations]

@@ -33,6 +33,7 @@ import policies
 from costmodel import kernels as K
 from costmodel import load_hardware
 from costmodel.hardware import HardwareProfile
+from experiments import outputs
 from experiments.config import RunConfig
 from experiments.executor import Executor, replay
 from experiments.llama import Llama
@@ -73,6 +74,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--config", type=Path, default=None, help="YAML run config (the fields of `ferry run`)")
     p.add_argument("--out", type=Path, default=Path("validate"), help="folder for real/, sim/ and the comparison")
+    p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:INDEX (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the profile's calibration's)")
     p.add_argument("--model-seed", type=int, default=0, help="seed of the model's random weights and prompts")
@@ -81,7 +83,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handle)
 
 
-_OWN_FLAGS = frozenset({"device", "threads", "model_seed"})
+_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force"})
 
 
 @dataclass
@@ -96,8 +98,9 @@ class Validation:
 
 def handle(args: argparse.Namespace) -> int:
     config = config_from_args(args, _OWN_FLAGS)
+    outputs.check(args.out, VALIDATE_OUTPUTS, "validate", args.force)
     result = validate(config, device=args.device, threads=args.threads, seed=args.model_seed)
-    paths = write_validation(result, args.out)
+    paths = write_validation(result, args.out, args.force)
     if args.json:
         print(json.dumps(result.comparison, indent=2))
     else:
@@ -230,10 +233,17 @@ def format_comparison(c: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_validation(v: Validation, out: Path) -> list[Path]:
-    paths = write_outputs(v.real, out / "real") + write_outputs(v.sim, out / "sim")
-    paths.append(out / "iterations.csv")
-    v.iterations.to_csv(paths[-1], index=False)
-    paths.append(out / "comparison.json")
-    paths[-1].write_text(json.dumps(v.comparison, indent=2) + "\n")
+VALIDATE_OUTPUTS = ("real", "sim", "iterations.csv", "comparison.json")
+
+
+def write_validation(v: Validation, out: Path, force: bool = False) -> list[Path]:
+    """Write ``real/`` and ``sim/`` (the files `ferry run` writes), ``iterations.csv`` and, last,
+    ``comparison.json`` into ``out``."""
+    comparison = json.dumps(v.comparison, indent=2) + "\n"
+    outputs.prepare(out, VALIDATE_OUTPUTS, "validate", force)
+    paths = write_outputs(v.real, out / "real", command="validate") + write_outputs(
+        v.sim, out / "sim", command="validate"
+    )
+    paths.append(outputs.write_frame(out / "iterations.csv", v.iterations))
+    paths.append(outputs.write_text(out / "comparison.json", comparison))
     return paths

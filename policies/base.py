@@ -43,16 +43,27 @@ def names() -> list[str]:
 
 
 def get_class(name: str) -> Any:
-    """The policy class ``name`` names: a registered name, or ``package.module:Class``."""
+    """The policy class ``name`` names: a registered name, or ``package.module:Class`` (a class with
+    ``from_config`` and ``schedule``)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
+    if ":" not in name:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"policy {name!r}: expected package.module:Class")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
+    missing = [m for m in ("from_config", "schedule") if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        what = type(cls).__name__ if not isinstance(cls, type) else f"class without {' and '.join(missing)}"
+        raise ValueError(
+            f"policy {name!r} is a {what}, not a policy: give a class with from_config(SchedulerConfig) and "
+            "schedule(state)"
+        )
+    return cls
 
 
 def get(config: SchedulerConfig) -> Policy:

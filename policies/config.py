@@ -8,10 +8,28 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 CHUNKED_ORDERS = ("vllm", "decodes-first")  # chunked: the order running requests take their tokens
 DEFAULT_MAX_NUM_SEQS = 256  # without a device (vLLM V0's default)
+
+# the settings only some built-in policies read (a user's own policy may read any): a run that sets one for another
+# policy is refused rather than silently ignored
+APPLIES_TO: dict[str, tuple[str, ...]] = {
+    "max_num_seqs": ("continuous", "chunked"),
+    "max_num_batched_tokens": ("continuous", "chunked"),
+    "mix_prefill_decode": ("continuous",),
+    "long_prefill_token_threshold": ("chunked",),
+    "scheduler_reserve_full_isl": ("chunked",),
+    "chunked_order": ("chunked",),
+    "max_batch_size": ("static", "dynamic"),
+    "max_delay_ms": ("dynamic",),
+    "preferred_batch_sizes": ("dynamic",),
+    "kv_reservation": ("static", "dynamic", "continuous", "chunked"),
+    "kv_watermark": ("continuous", "chunked"),  # a run setting: only paged admission keeps a watermark
+    "vllm_defaults": ("continuous", "chunked"),  # a run setting: vLLM has no static or dynamic batching
+}
+BUILTIN_POLICIES = ("none", "static", "dynamic", "continuous", "chunked")
 
 
 class SchedulerConfig(BaseModel):
@@ -20,25 +38,25 @@ class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     policy: str = Field("continuous", description="policy name (see `policies.names()`) or 'module:Class'")
-    max_model_len: int = Field(4096, ge=1, description="max prompt + output tokens of one request (tokens)")
-    max_num_seqs: int | None = Field(
+    max_model_len: StrictInt = Field(4096, ge=1, description="max prompt + output tokens of one request (tokens)")
+    max_num_seqs: StrictInt | None = Field(
         None,
         ge=1,
         description="max sequences in one iteration (continuous, chunked); default vLLM's for the device, or 256 "
         "capped at max_num_batched_tokens",
     )
-    max_num_batched_tokens: int | None = Field(
+    max_num_batched_tokens: StrictInt | None = Field(
         None,
         ge=1,
         description="max tokens in one iteration; default 2048 for chunked, max(max_model_len, 2048) otherwise",
     )
-    long_prefill_token_threshold: int = Field(
+    long_prefill_token_threshold: StrictInt = Field(
         0, ge=0, description="chunked: cap on one request's prefill chunk per iteration (tokens; 0 = no cap)"
     )
-    mix_prefill_decode: bool = Field(
+    mix_prefill_decode: StrictBool = Field(
         False, description="continuous: let prefills and decodes share an iteration (default: prefill-priority)"
     )
-    scheduler_reserve_full_isl: bool = Field(
+    scheduler_reserve_full_isl: StrictBool = Field(
         True,
         description="chunked: admit a waiting request only if its whole prompt would fit in the free KV cache "
         "(vLLM's scheduler_reserve_full_isl); False: only its first chunk must fit (older vLLM V1 releases)",
@@ -48,14 +66,14 @@ class SchedulerConfig(BaseModel):
         description="chunked: vllm = one pass over the running requests in admission order, decodes and unfinished "
         "prefills interleaved (vLLM V1); decodes-first = every decode, then unfinished prefills (Sarathi-Serve)",
     )
-    max_batch_size: int = Field(8, ge=1, description="static, dynamic: passengers per boat (requests)")
+    max_batch_size: StrictInt = Field(8, ge=1, description="static, dynamic: passengers per boat (requests)")
     max_delay_ms: float = Field(
         0.0,
         ge=0,
         description="dynamic: longest the oldest queued request waits for a fuller batch (ms; Triton's "
         "max_queue_delay_microseconds / 1000, default 0: leave at once)",
     )
-    preferred_batch_sizes: tuple[int, ...] = Field(
+    preferred_batch_sizes: tuple[StrictInt, ...] = Field(
         (),
         description="dynamic: batch sizes that leave at once when the queue reaches them, the largest first (Triton; "
         "none given means max_batch_size)",
@@ -67,6 +85,13 @@ class SchedulerConfig(BaseModel):
         "front: an engine that must plan for the longest answer). Default: paged, but output for static and dynamic, "
         "which cannot grow a batch's memory",
     )
+
+    @field_validator("max_delay_ms", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number of milliseconds, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:

@@ -162,6 +162,54 @@ def seat_use(records: RunRecords) -> dict[str, float | int | None]:
     }
 
 
+def overload(records: RunRecords) -> dict[str, float] | None:
+    """Whether arrivals outran the replica, judged over the second half of the arrival period (the first half lets
+    the queue fill): the backlog (requests arrived and not yet done) grew by more than a tenth of the arrival rate,
+    to more than 10 requests, with the GPU busy over 90% of that time. Returns the rates (per second) and the
+    backlog, or None. ``sustained_rate``, the requests finished per busy second, estimates
+    what the replica sustains on this workload."""
+    r = records.requests
+    valid = ~((r.status == Status.REJECTED) & (r.reason != Reason.STALLED))
+    arrivals = np.sort(r.arrival[valid])
+    if len(arrivals) < 20 or not arrivals[-1] > 0:
+        return None
+    end = float(arrivals[-1])
+    half = end / 2
+    window = end - half
+    done = np.sort(r.released[valid & (r.status == Status.FINISHED)])
+
+    def backlog(t: float) -> int:
+        return int(np.searchsorted(arrivals, t, side="right") - np.searchsorted(done, t, side="right"))
+
+    arrived = int(np.searchsorted(arrivals, end, side="right") - np.searchsorted(arrivals, half, side="right"))
+    finished = int(np.searchsorted(done, end, side="right") - np.searchsorted(done, half, side="right"))
+    it = records.iterations
+    busy = float(np.clip(np.minimum(it.column("end"), end) - np.maximum(it.column("start"), half), 0.0, None).sum())
+    growth = (backlog(end) - backlog(half)) / window
+    rate = arrived / window
+    if not (growth > 0.1 * rate and backlog(end) > 10 and busy > 0.9 * window):
+        return None
+    total_busy = float((it.column("end") - it.column("start")).sum())
+    return {
+        "arrival_rate": rate,
+        "finished_rate": finished / window,  # requests finished per second in the second half of the arrivals
+        "backlog_growth_per_s": growth,
+        "backlog_at_last_arrival": float(backlog(end)),
+        # requests finished per busy second over the whole run: what the replica sustains on this workload
+        "sustained_rate": len(done) / total_busy if total_busy > 0 else 0.0,
+    }
+
+
+def overload_notice(info: Mapping[str, float]) -> str:
+    """One line for a run whose arrivals outran the replica."""
+    return (
+        f"overloaded: requests arrived at {info['arrival_rate']:,.3g}/s and the backlog grew by "
+        f"{info['backlog_growth_per_s']:,.3g}/s over the second half of the arrivals (to "
+        f"{int(info['backlog_at_last_arrival']):,} requests); busy, the replica finishes about "
+        f"{info['sustained_rate']:,.3g} req/s of this workload, so these latencies grow with the length of the trace"
+    )
+
+
 def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -> dict[str, object]:
     """The run's summary: vLLM ``bench serve`` keys, then what batching is about (idle, seats, batch size, KV)."""
     r = records.requests
@@ -245,6 +293,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "total_preemptions": int(r.preemptions.sum()),
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
+            "overload": overload(records),
             "itl_kept": records.itl.describe(),
             "stream": records.stream,
             "engine": records.engine,

@@ -19,7 +19,9 @@ def _config(policy: str, **extra: object) -> RunConfig:
     fields = {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": policy, "num_prompts": 300,
               "request_rate": 30.0, "input_len": "lognormal:median=300,sigma=1.0,max=4000",
               "output_len": "lognormal:median=120,sigma=0.8,max=1000", "num_gpu_blocks_override": 1500,
-              "max_batch_size": 16, "seed": 5}  # fmt: skip
+              "seed": 5}  # fmt: skip
+    if policy in ("static", "dynamic"):
+        fields["max_batch_size"] = 16
     return RunConfig.model_validate(fields | extra)
 
 

@@ -1,0 +1,66 @@
+"""Ctrl-C that always stops a command: exit status 130, one line, and no output that looks complete.
+
+Python turns SIGINT into ``KeyboardInterrupt`` at the next bytecode, but when that bytecode runs inside a ctypes
+callback (numba loading its cache calls back into Python through ctypes) the exception is printed as "Exception
+ignored" and swallowed, and the command runs on to the end. ``watch`` records every SIGINT, silences those swallowed
+reports, and ``checkpoint`` raises ``KeyboardInterrupt`` at the places that matter (before outputs are written, at
+progress reports, when the command returns) if one was seen.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+_seen = False  # a SIGINT arrived while ``watch`` was active
+
+
+def requested() -> bool:
+    """Whether Ctrl-C was pressed."""
+    return _seen
+
+
+def checkpoint() -> None:
+    """Stop here (``KeyboardInterrupt``) if Ctrl-C was pressed, even if the exception it raised was swallowed."""
+    if _seen:
+        raise KeyboardInterrupt
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    global _seen
+    _seen = True
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def watch() -> Iterator[None]:
+    """Record SIGINT (and still raise ``KeyboardInterrupt`` at once) and keep swallowed interrupts quiet."""
+    global _seen
+    _seen = False
+    previous_hook = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        global _seen
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _seen = True  # raised inside a callback that could not propagate it: checkpoints will
+            return
+        previous_hook(unraisable)
+
+    previous_handler = None
+    try:
+        # a SIGINT that the parent set to be ignored (a background job, nohup) stays ignored
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            previous_handler = signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous_hook
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
