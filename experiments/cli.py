@@ -15,13 +15,13 @@ from experiments import interrupts
 
 # modules that define a subcommand, in the order `ferry --help` lists them
 COMMAND_MODULES = (
-    "experiments.run",
-    "experiments.iteration",
-    "experiments.roofline",
-    "experiments.validate_kernels",
-    "experiments.kv_usage",
-    "experiments.calibrate",
-    "experiments.validate",
+    "experiments.commands.run",
+    "experiments.commands.iteration",
+    "experiments.commands.roofline",
+    "experiments.commands.validate_kernels",
+    "experiments.commands.kv_usage",
+    "experiments.commands.calibrate",
+    "experiments.commands.validate",
 )
 
 

@@ -22,11 +22,11 @@ from experiments.config import RunConfig
 from policies.vllm_defaults import EngineDefaults, engine_defaults
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
-from sim.lengths import read_length_pairs
 from sim.metrics import request_frame, summarize
 from sim.records import RunRecords
 from sim.request import RequestTable
 from sim.workload import Workload, load_trace, synthetic
+from sim.workload.lengths import read_length_pairs
 
 DEFAULT_NUM_PROMPTS = 1000
 

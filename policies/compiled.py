@@ -1,10 +1,10 @@
-"""The built-in policies compiled with numba, for the compiled engine (``sim.fast_engine``).
+"""The built-in policies compiled with numba, for the compiled engine (``sim.compiled.engine``).
 
-Each kernel is the twin of a policy class in this package, decision for decision, over ``sim.fast_state``'s arrays
+Each kernel is the twin of a policy class in this package, decision for decision, over ``sim.compiled.state``'s arrays
 instead of ``SchedulerState``: same order of passes, same tie-breaks, same victims. The classes stay the reference
 (and the only path for user policies and the real executor); tests run both and compare the records to the last bit.
 
-A kernel is ``schedule(ri, rf, wk, sc, params, now) -> wake``: it builds the batch into ``sim.fast_state``'s batch
+A kernel is ``schedule(ri, rf, wk, sc, params, now) -> wake``: it builds the batch into ``sim.compiled.state``'s batch
 rows (``sc[B_LEN]`` entries), or leaves it empty and returns when to ask again (``inf``: at the next arrival).
 ``params`` is a float64 array whose layout each policy's ``compiled()`` writes.
 """
@@ -17,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from sim.fast_state import (
+from sim.compiled.batch import batch_add, batch_start, in_batch
+from sim.compiled.state import (
     ARRIVAL,
     B_HOLD,
     BLOCK_SIZE,
@@ -36,10 +37,7 @@ from sim.fast_state import (
     USED,
     W_LEN,
     admit_next,
-    batch_add,
-    batch_start,
     blocks_for,
-    in_batch,
     is_prefilling,
     kv_allocate,
     kv_allocate_all,

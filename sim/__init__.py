@@ -1,0 +1,15 @@
+"""The simulator: requests (``request``), the KV-cache manager (``kvcache``), the scheduler state (``state``), the
+SimPy engine (``engine``) and its compiled twin (``compiled/``), records and the metrics derived from them
+(``records``, ``metrics``), and workloads (``workload/``)."""
+
+from costmodel.moved import alias as _alias
+
+# modules that moved into subpackages: their old import paths keep working (see costmodel.moved)
+_alias(
+    {
+        "sim.fast_engine": "sim.compiled.engine",
+        "sim.fast_state": "sim.compiled.state",
+        "sim.traces": "sim.workload.traces",
+        "sim.lengths": "sim.workload.lengths",
+    }
+)

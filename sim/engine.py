@@ -5,8 +5,8 @@ the policy returns for as long as the cost model says, or sleeps until the polic
 Arrivals are not events of their own: requests become visible when the clock passes their arrival time, so a run
 costs one SimPy event per iteration or idle wait, not one per request.
 
-``decide`` is the turn without the clock: a real executor (``experiments.executor``) drives the same policy objects
-with it against wall time.
+``decide`` is the turn without the clock: a real executor (``experiments.real.executor``) drives the same policy
+objects with it against wall time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import simpy
 
 from costmodel.shape import IterationShape
-from sim.fast_engine import simulate_compiled
+from sim.compiled.engine import simulate_compiled
 from sim.kvcache import KVCacheManager
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
@@ -125,12 +125,12 @@ def simulate(
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
     ``engine``: ``reference`` runs the policy object on this module's SimPy loop; ``compiled`` runs its numba twin
-    (``policy.compiled()``) on ``sim.fast_engine``'s loop with the cost model's compiled timer (``timer.compiled()``),
-    to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl`` keeps every token gap
-    (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``). ``on_progress(now, unfinished)``
-    is called now and then with the simulated clock and the requests not yet ended. ``stream``: whether clients
-    receive tokens as they are made (None: the policy's default, ``default_stream``). The request table is the run's
-    state and ends up in its records: give each run a new one."""
+    (``policy.compiled()``) on ``sim.compiled.engine``'s loop with the cost model's compiled timer
+    (``timer.compiled()``), to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl``
+    keeps every token gap (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``).
+    ``on_progress(now, unfinished)`` is called now and then with the simulated clock and the requests not yet ended.
+    ``stream``: whether clients receive tokens as they are made (None: the policy's default, ``default_stream``). The
+    request table is the run's state and ends up in its records: give each run a new one."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if (requests.status != Status.PENDING).any() or requests.computed.any():

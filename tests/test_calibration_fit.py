@@ -15,11 +15,22 @@ import pytest
 import yaml
 
 from costmodel import CostModel, IterationShape, ModelSpec, load_hardware, load_model
-from costmodel.calibrate import ROW_COLUMNS
-from costmodel.calibrated import fit_profile
-from costmodel.fit import ClassFit, Flat, Side, Term, WorkCounter, dump_terms, fit_classes, held_out, load_terms, nnls
+from costmodel.calibration.fit import (
+    ClassFit,
+    Flat,
+    Side,
+    Term,
+    WorkCounter,
+    dump_terms,
+    fit_classes,
+    held_out,
+    load_terms,
+    nnls,
+)
+from costmodel.calibration.harness import ROW_COLUMNS
+from costmodel.calibration.profile import fit_profile
+from costmodel.calibration.refit import fit_vidur
 from costmodel.hardware import MEASURED, OP_CLASSES
-from costmodel.refit import fit_vidur
 from experiments.cli import main
 
 SPEC = load_model("tiny-llama")

@@ -18,8 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from costmodel import calibrate as cal  # noqa: E402
 from costmodel import load_hardware  # noqa: E402
+from costmodel.calibration import grids, harness  # noqa: E402
+from costmodel.calibration.timing import Pool  # noqa: E402
 from costmodel.hardware import OP_CLASSES  # noqa: E402
 from costmodel.model_spec import load_model  # noqa: E402
 from experiments.cli import main  # noqa: E402
@@ -53,7 +54,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_smoke_grid_has_every_series_of_the_full_grid() -> None:
-    smoke, full = cal.SMOKE, cal.FULL
+    smoke, full = grids.SMOKE, grids.FULL
     assert smoke.prefill_contexts == full.prefill_contexts and smoke.decode_contexts == full.decode_contexts
     for sizes, of in (
         (smoke.tokens, full.tokens),
@@ -62,7 +63,7 @@ def test_the_smoke_grid_has_every_series_of_the_full_grid() -> None:
     ):
         assert len(sizes) >= 2 and set(sizes) <= set(of) and min(sizes) == min(of)
     assert smoke.passes == full.passes and smoke.budget_s < full.budget_s
-    assert cal.GRIDS["smoke"] is smoke and cal.GRIDS["full"] is full
+    assert grids.GRIDS["smoke"] is smoke and grids.GRIDS["full"] is full
 
 
 def _span(t: torch.Tensor) -> tuple[int, int, int]:
@@ -75,9 +76,9 @@ def _span(t: torch.Tensor) -> tuple[int, int, int]:
 def test_no_two_inputs_of_a_kernel_call_share_memory(config: Path, cache_mib: int) -> None:
     """Every input set of every point of the smoke grid, made as `measure_model` makes them (same order, passes and
     pool), for several last-level cache sizes (they set how many sets rotate, so where each set falls)."""
-    grid = cal.SMOKE
-    pool = cal.Pool(torch.device("cpu"), torch.float32, cache_mib << 20, seed=0, size_bytes=grid.pool_bytes)
-    series = cal.grid_series(load_model(str(config)), grid, pool.item)
+    grid = grids.SMOKE
+    pool = Pool(torch.device("cpu"), torch.float32, cache_mib << 20, seed=0, size_bytes=grid.pool_bytes)
+    series = harness.grid_series(load_model(str(config)), grid, pool.item)
     for _ in range(grid.passes):
         for points in series:
             for point in points:
@@ -94,15 +95,15 @@ def test_the_full_grid_runs_on_a_second_model(config: Path, tmp_path: Path) -> N
     assert main([*args, "--grid", "smoke", "--out", str(out)]) == 0
     raw = pd.read_csv(out.with_name("cpu.smoke.raw.csv"))
     kernels = raw[raw["op_class"].isin(OP_CLASSES)]
-    for op in cal.TOKEN_KERNELS:
-        sizes = [n for n in cal.SMOKE.tokens if op != "lm_head" or n <= cal.MAX_SAMPLED]
+    for op in harness.TOKEN_KERNELS:
+        sizes = [n for n in grids.SMOKE.tokens if op != "lm_head" or n <= harness.MAX_SAMPLED]
         assert sorted(kernels.loc[kernels["op"] == op, "num_tokens"]) == sizes, op
     prefill = kernels[kernels["op"] == "attention_prefill"]
     decode = kernels[kernels["op"] == "attention_decode"]
-    assert set(prefill["context"]) == set(cal.FULL.prefill_contexts)
-    assert set(decode["context"]) == set(cal.FULL.decode_contexts)
-    assert set(kernels["op"]) == {*cal.TOKEN_KERNELS, "attention_prefill", "attention_decode"}
-    assert (kernels["repeats"] >= cal.SMOKE.min_repeats).all()
+    assert set(prefill["context"]) == set(grids.FULL.prefill_contexts)
+    assert set(decode["context"]) == set(grids.FULL.decode_contexts)
+    assert set(kernels["op"]) == {*harness.TOKEN_KERNELS, "attention_prefill", "attention_decode"}
+    assert (kernels["repeats"] >= grids.SMOKE.min_repeats).all()
     assert sorted(raw.loc[raw["op"] == "iteration", "layers"].unique()) == [4, 8]
     hw = load_hardware(str(out))
     assert hw.kind == "calibrated" and hw.provenance.settings is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.ratesearch import max_rate
+from experiments.studies.ratesearch import max_rate
 
 
 def _curve(knee: float):

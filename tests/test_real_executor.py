@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import policies  # noqa: E402
-from costmodel import kernels as K  # noqa: E402
-from experiments.executor import Executor, replay  # noqa: E402
-from experiments.llama import Llama  # noqa: E402
+from costmodel.calibration import kernels as K  # noqa: E402
+from experiments.real.executor import Executor, replay  # noqa: E402
+from experiments.real.llama import Llama  # noqa: E402
 from sim.kvcache import KVCacheManager  # noqa: E402
 from sim.request import RequestTable, Status  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import experiments.run
+import experiments.commands.run
 from experiments.cli import main
 from sim.metrics import overload, summarize
 from tests.helpers import ConstantTimer, make_requests, run
@@ -64,7 +64,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_command(
 ) -> None:
     """A KeyboardInterrupt raised inside a ctypes callback (numba loading its cache) reaches Python only as an
     'unraisable' report; the run used to finish and exit 0 with full results."""
-    real = experiments.run.run_simulation
+    real = experiments.commands.run.run_simulation
 
     def swallowed(*args: object, **kwargs: object) -> object:
         result = real(*args, **kwargs)  # type: ignore[arg-type]
@@ -72,7 +72,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_command(
                                                  exc_traceback=None, err_msg=None, object=None))  # fmt: skip
         return result
 
-    monkeypatch.setattr(experiments.run, "run_simulation", swallowed)
+    monkeypatch.setattr(experiments.commands.run, "run_simulation", swallowed)
     assert main(["run", *SMALL, "--out", str(tmp_path / "out")]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "ferry run: interrupted"  # and no "Exception ignored ..." report
@@ -99,7 +99,7 @@ def test_running_out_of_memory_is_one_line(
     def oom(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr(experiments.run, "run_simulation", oom)
+    monkeypatch.setattr(experiments.commands.run, "run_simulation", oom)
     assert "out of memory" in _error(capsys, "run", *SMALL, "--out", str(tmp_path))
 
 

@@ -17,9 +17,9 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.lengths import parse_length_spec, read_length_pairs
-from sim.traces import FORMATS, MAX_ARRIVAL_S, MAX_TOKENS, csv_header, read_length_column
 from sim.workload import Workload, load_trace
+from sim.workload.lengths import parse_length_spec, read_length_pairs
+from sim.workload.traces import FORMATS, MAX_ARRIVAL_S, MAX_TOKENS, csv_header, read_length_column
 
 # fixed examples (derandomize) so CI sees the same files every run; about 7 s for the four tests on one core
 FUZZ = settings(

@@ -19,7 +19,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.lengths import read_length_pairs
 from sim.workload import (
     FORMATS,
     LengthSpec,
@@ -28,6 +27,7 @@ from sim.workload import (
     parse_length_spec,
     synthetic,
 )
+from sim.workload.lengths import read_length_pairs
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -315,7 +315,7 @@ def test_token_counts_are_bounded(tmp_path, name, text, words):
 def test_the_largest_token_count_is_read(tmp_path):
     w = load_trace(write(tmp_path, "n.csv", N_HEAD + f"0,{2**31 - 1},{2**31 - 1}\n"))
     assert list(w.prompt_tokens) == [2**31 - 1] and int(w.prompt_tokens.sum() + w.output_tokens.sum()) == 2**32 - 2
-    from sim.traces import MAX_ARRIVAL_S, MAX_TOKENS
+    from sim.workload.traces import MAX_ARRIVAL_S, MAX_TOKENS
 
     assert MAX_TOKENS == 2**31 - 1 and MAX_ARRIVAL_S == 1e9
 

@@ -1,8 +1,8 @@
 """A Llama-style model with random weights, built from a ``config.json``, that runs one iteration of a ferry batch.
 
-RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP and greedy sampling, from the kernels in ``costmodel.kernels``
-(the ones calibration times). The weights are random (normal, std 0.02; norms 1): the time of a forward pass does not
-depend on their values, and no checkpoint needs downloading.
+RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP and greedy sampling, from the kernels in
+``costmodel.calibration.kernels`` (the ones calibration times). The weights are random (normal, std 0.02; norms 1): the
+time of a forward pass does not depend on their values, and no checkpoint needs downloading.
 
 One ``forward`` is one iteration: the new tokens of every sequence in the batch are concatenated for the token-parallel
 layers (decode tokens first, then the prefill chunks), and attention runs per sequence against that sequence's own KV
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from costmodel import kernels as K
+from costmodel.calibration import kernels as K
 from costmodel.model_spec import MODELS_DIR, ModelSpec, load_model
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-from sim import traces
+from sim.workload import traces
 
 IntArray = npt.NDArray[np.int64]
 MAX_TOKENS = traces.MAX_TOKENS

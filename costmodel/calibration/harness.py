@@ -1,6 +1,7 @@
 """The calibration harness: time the kernels an LLM iteration is made of on one device, one row per kernel run.
 
-What it runs (``costmodel.kernels``, the functions the real executor calls), for each model's shapes, in its dtype:
+What it runs (``costmodel.calibration.kernels``, the functions the real executor calls), for each model's shapes, in its
+dtype:
 - GEMMs (``qkv_proj``, ``o_proj``, ``mlp_gate_up``, ``mlp_down``, ``lm_head``) and the token-parallel elementwise
   kernels (``embedding``, ``norm``, ``rope``, ``mlp_act``) over a range of token counts;
 - prefill attention over chunk and context lengths, decode attention over batch and context lengths;
@@ -15,30 +16,30 @@ than all the points measured during it. Inputs are random (never zeros: some ker
 of one large random buffer (``Pool``), and rotate over enough sets that together they exceed twice the last-level
 cache, so each call reads from memory as it would inside a model too big for the cache.
 
-Grids: ``FULL`` (the default), ``QUICK`` (CI's calibration) and ``SMOKE`` (``FULL``'s every series at a few small
-sizes, timed briefly: a check that the full grid runs, not a calibration).
+The pieces: ``grids`` (which sizes), ``device`` (what the device is), ``timing`` (``Timer`` and ``Pool``), and this
+module (which kernels, at which shapes, into rows).
 
 On a GPU the kernels are launched eagerly from Python, as the real executor launches them: a small kernel's time
 includes its launch when the host is slower than the device (no CUDA graphs). Untested on a GPU so far.
 
-Each row carries ferry's FLOPs and bytes for the kernel (``costmodel.fit.WorkCounter``), so ``costmodel.fit`` can fit
-the profile from the rows alone.
+Each row carries ferry's FLOPs and bytes for the kernel (``costmodel.calibration.fit.WorkCounter``), so
+``costmodel.calibration.fit`` can fit the profile from the rows alone.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import platform
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from costmodel import kernels as K
-from costmodel.fit import WorkCounter, dump_terms
+from costmodel.calibration import kernels as K
+from costmodel.calibration.device import describe, last_level_cache_bytes, memory_bytes
+from costmodel.calibration.fit import WorkCounter, dump_terms
+from costmodel.calibration.grids import Grid
+from costmodel.calibration.timing import Pool, Timer
 from costmodel.model_spec import ModelSpec
 from costmodel.shape import IterationShape
 
@@ -74,351 +75,6 @@ ROW_COLUMNS = (
     "kernels",
     "host_s",  # whole iterations: seconds outside the model's forward pass (scheduling, inputs, bookkeeping)
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Grid:
-    """The sizes measured and how long each point is timed."""
-
-    name: str
-    tokens: tuple[int, ...]  # token counts of the token-parallel kernels
-    prefill_chunks: tuple[int, ...]  # new tokens of one prefill chunk
-    prefill_contexts: tuple[int, ...]  # tokens already cached under the chunk
-    decode_batches: tuple[int, ...]  # sequences decoding one token each
-    decode_contexts: tuple[int, ...]  # tokens cached per decoding sequence
-    budget_s: float  # seconds of samples per point (after warm-up)
-    min_repeats: int  # samples per point at least
-    max_call_s: float  # a series stops growing once one call takes longer than this (s)
-    max_kv_tokens: int  # decode points with batch x context above this are skipped (memory)
-    passes: int  # the grid is timed this many times over, a share of each point's budget each time
-    pool_bytes: int | None = None  # the input pool's buffer (B); None: four times the last-level cache, >= 64 MiB
-
-
-QUICK = Grid(
-    name="quick",
-    tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
-    prefill_chunks=(16, 64, 256, 512),
-    prefill_contexts=(0, 128, 512),
-    decode_batches=(1, 4, 16, 32),
-    decode_contexts=(32, 128, 512),
-    budget_s=0.06,
-    min_repeats=5,
-    max_call_s=0.25,
-    max_kv_tokens=1 << 16,
-    passes=3,
-)
-FULL = Grid(
-    name="full",
-    tokens=(
-        1,
-        2,
-        4,
-        8,
-        12,
-        16,
-        24,
-        32,
-        48,
-        64,
-        96,
-        128,
-        192,
-        256,
-        384,
-        512,
-        768,
-        1024,
-        1536,
-        2048,
-        3072,
-        4096,
-        6144,
-        8192,
-        12288,
-        16384,
-    ),  # fmt: skip
-    prefill_chunks=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
-    prefill_contexts=(0, 256, 1024, 4096, 16384),
-    decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-    decode_contexts=(16, 64, 256, 1024, 4096, 16384),
-    budget_s=0.2,
-    min_repeats=5,
-    max_call_s=2.0,
-    max_kv_tokens=1 << 21,
-    passes=2,
-)
-
-
-def thinned(grid: Grid, name: str, *, every: int, max_size: int, budget_s: float, pool_bytes: int) -> Grid:
-    """``grid``'s series (the same kernels, prefill contexts and decode contexts) with fewer and smaller points: every
-    ``every``-th token count, chunk and batch size up to ``max_size``, at most ``grid.max_kv_tokens / 32`` tokens of
-    KV cache per decode point, ``budget_s`` per point, one sample per pass at least. The input pool shrinks with the
-    sizes (``pool_bytes``), so that input sets fill the pool, wrap around and outgrow it as the full sizes do."""
-
-    def thin(sizes: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(n for k, n in enumerate(sizes) if k % every == 0 and n <= max_size)
-
-    return Grid(
-        name=name,
-        tokens=thin(grid.tokens),
-        prefill_chunks=thin(grid.prefill_chunks),
-        prefill_contexts=grid.prefill_contexts,
-        decode_batches=thin(grid.decode_batches),
-        decode_contexts=grid.decode_contexts,
-        budget_s=budget_s,
-        min_repeats=grid.passes,
-        max_call_s=grid.max_call_s,
-        max_kv_tokens=grid.max_kv_tokens // 32,
-        passes=grid.passes,
-        pool_bytes=pool_bytes,
-    )
-
-
-# every series of the default grid, in seconds on a CPU: what CI runs to catch a crash anywhere in FULL
-SMOKE = thinned(FULL, "smoke", every=3, max_size=512, budget_s=0.004, pool_bytes=16 << 20)
-GRIDS = {"quick": QUICK, "full": FULL, "smoke": SMOKE}
-
-
-# ---- the device ----------------------------------------------------------------------------------------------------
-
-
-def last_level_cache_bytes(device: torch.device) -> int:
-    """The device's last-level cache (B): the GPU's L2, or the CPU's largest cache level; 64 MiB if unknown."""
-    torch = K.require_torch()
-    if device.type == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
-    best = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip().upper()
-        except OSError:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            best = max(best, int(digits) * scale)
-    return best or 64 << 20
-
-
-def memory_bytes(device: torch.device) -> int:
-    """The device's memory (B): the GPU's, or the host's RAM."""
-    torch = K.require_torch()
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def describe(device: torch.device) -> tuple[str, dict[str, str]]:
-    """The device in words, and the software that ran the measurements (versions)."""
-    torch = K.require_torch()
-    import numpy
-
-    software = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "numpy": numpy.__version__,
-        "os": platform.platform(),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        name = (
-            f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs, "
-            f"compute capability {props.major}.{props.minor}"
-        )
-        software["cuda"] = str(torch.version.cuda)
-        software["cudnn"] = str(torch.backends.cudnn.version())
-        driver = _nvidia_driver()
-        if driver:
-            software["driver"] = driver
-        return name, software
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    software["torch_threads"] = str(torch.get_num_threads())
-    return f"{model} ({os.cpu_count()} logical CPUs), {torch.get_num_threads()} torch thread(s)", software
-
-
-def _nvidia_driver() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
-
-
-# ---- timing ---------------------------------------------------------------------------------------------------------
-
-
-class Timer:
-    """Times a kernel: warm-up calls, then samples until a time budget (and a minimum count) is spent."""
-
-    def __init__(self, device: torch.device, warmup: int = 2, max_samples: int = 1000) -> None:
-        self.device, self.warmup, self.max_samples = device, warmup, max_samples
-        # back-to-back calls per sample when one call is shorter than this (timer and event resolution)
-        self.min_sample_s = 50e-6
-
-    def __call__(self, call: Callable[[int], object], budget_s: float, min_samples: int) -> list[float]:
-        """``call(i)`` runs the kernel on input set i (the caller rotates); returns seconds per call, one per sample."""
-        torch = K.require_torch()
-        events = self.device.type == "cuda"
-        for i in range(self.warmup):
-            call(i)
-        K.synchronize(self.device)
-        t0 = time.perf_counter()
-        call(self.warmup)
-        K.synchronize(self.device)
-        probe = time.perf_counter() - t0
-        inner = math.ceil(self.min_sample_s / max(probe, 1e-9)) if probe < self.min_sample_s else 1
-        i = self.warmup + 1
-        samples: list[float] = []
-        pairs: list[tuple[Any, Any]] = []
-        start = time.perf_counter()
-        while len(pairs) + len(samples) < self.max_samples and (
-            len(pairs) + len(samples) < min_samples or time.perf_counter() - start < budget_s
-        ):
-            if events:
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                for _ in range(inner):
-                    call(i)
-                    i += 1
-                end.record()
-                pairs.append((begin, end))
-            else:
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    call(i)
-                    i += 1
-                samples.append((time.perf_counter() - t0) / inner)
-        if events:
-            K.synchronize(self.device)
-            samples = [b.elapsed_time(e) * 1e-3 / inner for b, e in pairs]
-        return samples
-
-
-ALIGN = 64  # elements: every tensor the pool hands out starts at a multiple of this offset
-
-
-class Pool:
-    """One large buffer of random numbers; a kernel's input sets are disjoint slices of it.
-
-    A set's tensors lie side by side and successive sets follow one another; a set that would run past the end of the
-    buffer starts over at its front, whole (it never wraps around onto itself), and the buffer grows when one set is
-    larger than it. So no two tensors of a set share an element (checked as each is handed out): a kernel that
-    writes one of its inputs (attention writes the new keys and values into its KV cache) never writes into another,
-    which torch refuses ("some elements of the input tensor and the written-to tensor refer to a single memory
-    location") or, worse, computes on silently. Rotating over enough sets (together more than twice the last-level
-    cache) makes every call read its inputs from memory, without generating new random numbers per set."""
-
-    def __init__(
-        self, device: torch.device, dtype: torch.dtype, cache_bytes: int, seed: int = 0, size_bytes: int | None = None
-    ) -> None:
-        torch = K.require_torch()
-        self.device, self.dtype, self.cache_bytes = device, dtype, cache_bytes
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.item = int(torch.empty((), dtype=dtype).element_size())
-        # elements: the buffer's size at first, and its room beyond the set when one set outgrows it
-        self.spare = (size_bytes or max(4 * cache_bytes, 64 << 20)) // self.item
-        self.buf = self._fill(self.spare)
-        self.cursor = 0  # where the next set's (or the current set's next) tensor starts
-        self.sizing = False  # a dry run of a set (``footprint``): ``take`` hands out shapes only
-        self.members: list[tuple[int, int]] | None = None  # [first, end) elements of the current set's tensors
-
-    def _fill(self, elems: int) -> torch.Tensor:
-        torch = K.require_torch()
-        return torch.randn(elems, device=self.device, dtype=self.dtype, generator=self.gen)
-
-    def take(self, *shape: int) -> torch.Tensor:
-        """A random tensor of ``shape`` for the set being made (``sets``): the buffer's next slice, disjoint from the
-        set's other tensors. Outside a set, a set of its own."""
-        torch = K.require_torch()
-        if self.members is None and not self.sizing:
-            return self.one_set(lambda p: (p.take(*shape),))[0]
-        n = math.prod(shape)
-        first, self.cursor = self.cursor, self.cursor + -(-n // ALIGN) * ALIGN
-        if self.sizing:
-            return torch.empty(shape, device="meta", dtype=self.dtype)
-        view = self.buf[first : first + n].view(shape)
-        self._claim(view)
-        return view
-
-    def _claim(self, view: torch.Tensor) -> None:
-        """Add ``view`` to the current set; AssertionError if it is not a contiguous slice inside the buffer or it
-        shares an element with another tensor of the set (from torch's storage offsets and sizes)."""
-        assert self.members is not None
-        storage = view.untyped_storage()
-        first = int(view.storage_offset())
-        end = first + view.numel()
-        if (
-            not view.is_contiguous()
-            or storage.data_ptr() != self.buf.untyped_storage().data_ptr()
-            or end * self.item > storage.nbytes()
-        ):
-            raise AssertionError(f"pool: input {tuple(view.shape)} at elements [{first}, {end}) is not in the buffer")
-        for lo, hi in self.members:
-            if first < hi and lo < end:
-                raise AssertionError(
-                    f"pool: input {tuple(view.shape)} at elements [{first}, {end}) overlaps another input of its set "
-                    f"at [{lo}, {hi})"
-                )
-        self.members.append((first, end))
-
-    def ints(self, high: int, *shape: int) -> torch.Tensor:
-        torch = K.require_torch()
-        return torch.randint(0, high, shape, device=self.device, generator=self.gen)
-
-    def rotation(self, rows: int, pairs: int) -> torch.Tensor:
-        """A random RoPE rotation table [rows, pairs] (unit complex numbers)."""
-        torch = K.require_torch()
-        angles = torch.rand(rows, pairs, device=self.device, generator=self.gen) * 6.2832
-        return torch.polar(torch.ones_like(angles), angles)
-
-    def footprint(self, make: Callable[[Pool], tuple[Any, ...]]) -> int:
-        """Elements of the buffer that one set of ``make`` takes: a dry run in which ``take`` hands out meta tensors
-        (shapes without memory)."""
-        cursor, self.cursor, self.sizing = self.cursor, 0, True
-        try:
-            make(self)
-            return self.cursor
-        finally:
-            self.cursor, self.sizing = cursor, False
-
-    def one_set(self, make: Callable[[Pool], tuple[Any, ...]], size: int | None = None) -> tuple[Any, ...]:
-        """One input set from ``make``, its tensors side by side after the previous set's, or from the front of the
-        buffer when it would not fit before the end (a new, larger buffer when it does not fit at all). ``size``: its
-        ``footprint``, if known."""
-        size = self.footprint(make) if size is None else size
-        if size > self.buf.numel():
-            self.buf = self._fill(size + self.spare)
-            self.cursor = 0
-        elif self.cursor + size > self.buf.numel():
-            self.cursor = 0
-        start, self.members = self.cursor, []
-        try:
-            inputs = make(self)
-        finally:
-            self.members = None
-        if self.cursor - start != size:
-            raise AssertionError(f"pool: a set took {self.cursor - start} elements, its dry run {size}")
-        return inputs
-
-    def sets(self, make: Callable[[Pool], tuple[Any, ...]], set_bytes: float) -> list[tuple[Any, ...]]:
-        """Input sets from ``make``: enough that a pass over them all reads more than twice the last-level cache
-        (at most 32)."""
-        count = min(32, max(1, math.ceil(2 * self.cache_bytes / max(set_bytes, 1.0))))
-        size = self.footprint(make)
-        return [self.one_set(make, size) for _ in range(count)]
 
 
 # ---- the kernels of one model -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import CostModel, IterationShape
-from experiments.iteration import add_model_arguments, cost_model_from_args
+from experiments.commands.iteration import add_model_arguments, cost_model_from_args
 from experiments.outputs import figure_path
 
 PREFILL_TOKENS = (128, 512, 2048, 8192)

@@ -1,10 +1,10 @@
 """Fitting a profile to Vidur's published kernel measurements, and scoring it on the measurements it did not see.
 
 Vidur (microsoft/vidur, MLSys 2024, MIT licence) publishes per-operator GPU times of one layer for several models on
-A100 80GB and H100 SXM (``costmodel.measurements`` reads them). ``fit_vidur`` turns the rows of the chosen models on
-one device into ferry's raw format (each row the kernels it timed, e.g. "mlp" = gate/up GEMM + activation + down
-GEMM), fits a calibrated profile on every other point of each series (``costmodel.calibrated``), and then predicts
-every other row of the data before and after:
+A100 80GB and H100 SXM (``costmodel.calibration.vidur`` reads them). ``fit_vidur`` turns the rows of the chosen models
+on one device into ferry's raw format (each row the kernels it timed, e.g. "mlp" = gate/up GEMM + activation + down
+GEMM), fits a calibrated profile on every other point of each series (``costmodel.calibration.profile``), and then
+predicts every other row of the data before and after:
 - rows of other models on the same device: the datasheet profile, then the fitted one;
 - rows on another device: that device's datasheet profile, then the same profile with the fitted efficiencies
   (the same share of its peaks, the same fixed seconds per kernel): does the fit transfer?
@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel.calibrated import FitResult, fit_profile
-from costmodel.fit import ClassFit, Flat, WorkCounter, dump_terms, error_summary, load_terms, terms_of
+from costmodel.calibration.fit import ClassFit, Flat, WorkCounter, dump_terms, error_summary, load_terms, terms_of
+from costmodel.calibration.profile import FitResult, fit_profile
+from costmodel.calibration.vidur import load_vidur, row_keys, row_shape, spec_of
 from costmodel.hardware import HardwareProfile, load_hardware, parse_hardware
-from costmodel.measurements import load_vidur, row_keys, row_shape, spec_of
 from costmodel.roofline import KernelCost
 
 # ferry operator (as measurements.py names Vidur's columns) -> the operator class it is scored under

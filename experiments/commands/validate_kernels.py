@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from costmodel.measurements import errors, load_vidur, predict
+from costmodel.calibration.vidur import errors, load_vidur, predict
 
 
 def register(subparsers: Any) -> None:

@@ -16,7 +16,7 @@ conversations longer than the model's context dropped, Poisson arrivals) through
 
 and reports the highest request rate each sustains under the normalized-latency bound, and the ratios.
 
-    python -m experiments.paged_vs_static \
+    python -m experiments.studies.paged_vs_static \
         --lengths ../shared/data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv
 """
 
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from experiments.config import RunConfig
-from experiments.ratesearch import RateSearch, max_rate
 from experiments.simulation import run_simulation
-from sim.lengths import read_length_pairs
+from experiments.studies.ratesearch import RateSearch, max_rate
 from sim.workload import synthetic
+from sim.workload.lengths import read_length_pairs
 
 DEFAULT_LENGTHS = Path("../shared/data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
 

@@ -1,8 +1,8 @@
 """Simulator speed: requests, iterations, wall seconds, iterations per second and peak memory, against a bare SimPy
 loop that yields as many timeouts as the run had iterations (the event loop's own ceiling).
 
-    python -m experiments.bench                       # continuous and chunked at 10k, 100k and 1M requests
-    python -m experiments.bench --sizes 10000 --engines compiled reference
+    python -m experiments.studies.bench                       # continuous and chunked at 10k, 100k and 1M requests
+    python -m experiments.studies.bench --sizes 10000 --engines compiled reference
 
 Workload: llama-3-8b on h100-sxm, ShareGPT-like lengths (lognormal with the vLLM paper's ShareGPT means: 161 prompt and
 338 output tokens), Poisson arrivals at 20 requests/s, which keeps the replica busy (no idle time) but stable (it
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in args.engines:
         for policy in args.policies:
             for size in args.sizes:
-                cmd = [sys.executable, "-m", "experiments.bench", "--one", policy, str(size), engine,
+                cmd = [sys.executable, "-m", "experiments.studies.bench", "--one", policy, str(size), engine,
                        "--rate", str(args.rate), "--seed", str(args.seed)]  # fmt: skip
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 row = json.loads(out.strip().splitlines()[-1])

@@ -4,8 +4,8 @@
         --max-num-seqs 16 --max-num-batched-tokens 256 --num-prompts 24 --request-rate 6 \\
         --input-len uniform:32:192 --output-len uniform:8:48 --out validate/
 
-The real run builds the model from its config.json with random weights (``experiments.llama``) on ``--device`` and
-replays the workload in real time (``experiments.executor``): every batch the policy chooses is executed, and the
+The real run builds the model from its config.json with random weights (``experiments.real.llama``) on ``--device`` and
+replays the workload in real time (``experiments.real.executor``): every batch the policy chooses is executed, and the
 records are written as ``ferry run`` writes them, with measured times. The simulated run replays the same requests
 through the same policy object, each iteration timed by the cost model with the profile: the same turn
 (``sim.engine.decide``, then ``SchedulerState.complete``), a simulated clock instead of a real one. Both are
@@ -30,14 +30,14 @@ import numpy as np
 import pandas as pd
 
 import policies
-from costmodel import kernels as K
 from costmodel import load_hardware
+from costmodel.calibration import kernels as K
 from costmodel.hardware import HardwareProfile
 from experiments import outputs
+from experiments.commands.run import add_run_arguments, config_from_args
 from experiments.config import RunConfig
-from experiments.executor import Executor, replay
-from experiments.llama import Llama
-from experiments.run import add_run_arguments, config_from_args
+from experiments.real.executor import Executor, replay
+from experiments.real.llama import Llama
 from experiments.simulation import RunResult, build_replica, build_workload, write_outputs
 from sim.engine import simulate
 
@@ -174,7 +174,7 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
 
 
 def _device_words(device: str) -> str:
-    from costmodel.calibrate import describe
+    from costmodel.calibration.device import describe
 
     return describe(K.device_of(device))[0]
 

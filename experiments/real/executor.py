@@ -2,7 +2,7 @@
 
 The loop is the simulator's turn (``sim.engine.decide``) against the wall clock instead of SimPy's: a request becomes
 visible only once its arrival time has passed; the policy chooses a batch, or says when to ask again (the loop then
-sleeps); the model runs the batch (``experiments.llama``); ``SchedulerState.complete`` writes the same records a
+sleeps); the model runs the batch (``experiments.real.llama``); ``SchedulerState.complete`` writes the same records a
 simulation writes, with real times. The same policy objects drive both, because a policy knows nothing of time.
 
 An iteration is timed from the moment its turn began (the policy's decision, the previous iteration's bookkeeping and
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.shape import IterationShape
-from experiments.llama import Llama
+from experiments.real.llama import Llama
 from sim.engine import Scheduler, decide, describe_run
 from sim.kvcache import KVCacheManager
 from sim.records import RunRecords

@@ -1,6 +1,6 @@
 """The compiled engine: the reference engine's loop (``sim.engine``), compiled with numba, for built-in policies.
 
-The loop is ``sim.engine.decide`` plus the SimPy process around it, over ``sim.fast_state``'s arrays: receive
+The loop is ``sim.engine.decide`` plus the SimPy process around it, over ``sim.compiled.state``'s arrays: receive
 arrivals, ask the policy (a numba kernel, ``policies.compiled``), run the batch for as long as the cost model's compiled
 ``iteration_time`` says, account for it; or sleep until the wake-up time. The clock advances by the same floating-point
 operations as SimPy's (``now + duration``, ``now + (wake - now)``), so both engines produce the same records bit for
@@ -21,7 +21,8 @@ import numpy as np
 import simpy
 from numba import njit
 
-from sim.fast_state import (
+from sim.compiled.batch import build_shape, complete
+from sim.compiled.state import (
     B_LEN,
     BLOCK_SIZE,
     DEC_CTX,
@@ -35,8 +36,6 @@ from sim.fast_state import (
     UNFINISHED,
     USED,
     WATERMARK,
-    build_shape,
-    complete,
     next_arrival,
     pack,
     receive_arrivals,

@@ -1,5 +1,5 @@
 """The scheduler state as flat arrays, and its operations compiled with numba: the compiled engine's twin of
-``sim.state`` and ``sim.kvcache``.
+``sim.state`` and ``sim.kvcache`` (the batch and the accounting after it are in ``sim.compiled.batch``).
 
 Every function here mirrors a method of ``SchedulerState`` or ``KVCacheManager`` step for step (same order, same
 tie-breaks), so that a compiled policy (``policies.compiled``) on this state makes the very decisions its Python class
@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from sim.records import add_gap
 from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
@@ -269,134 +268,3 @@ def _reject(ri: IntArray, sc: IntArray, req: int) -> None:
     ri[STATUS, req] = REJECTED
     ri[REASON, req] = STALLED
     sc[UNFINISHED] -= 1
-
-
-# ---- the batch being built (BatchBuilder) ----------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def batch_start(sc: IntArray) -> None:
-    sc[B_LEN] = 0
-    sc[B_HOLD] = 0
-    sc[BATCH_NO] += 1
-
-
-@njit(cache=True)
-def batch_add(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -> None:
-    k = sc[B_LEN]
-    wk[BATCH_IDS, k] = req
-    wk[BATCH_NEW, k] = tokens
-    ri[STAMP, req] = sc[BATCH_NO]
-    sc[B_LEN] = k + 1
-
-
-@njit(cache=True)
-def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
-    return ri[STAMP, req] == sc[BATCH_NO]
-
-
-# ---- after the iteration (SchedulerState.shape_of and complete) ------------------------------------------------------
-
-
-@njit(cache=True)
-def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int]:
-    """Fill the shape rows from the batch; returns (prefill chunks, decodes, prefill chunks that sample)."""
-    n_pf = 0
-    n_dec = 0
-    sampled = 0
-    for k in range(sc[B_LEN]):
-        req = wk[BATCH_IDS, k]
-        ctx = ri[COMPUTED, req]
-        if is_prefilling(ri, req):
-            wk[PF_NEW, n_pf] = wk[BATCH_NEW, k]
-            wk[PF_CTX, n_pf] = ctx
-            n_pf += 1
-            if ctx + wk[BATCH_NEW, k] == ri[PROMPT, req] + ri[GENERATED, req]:
-                sampled += 1
-        else:
-            wk[DEC_CTX, n_dec] = ctx
-            n_dec += 1
-    return n_pf, n_dec, sampled
-
-
-@njit(cache=True)
-def complete(
-    ri: IntArray,
-    rf: FloatArray,
-    wk: IntArray,
-    sc: IntArray,
-    n_pf: int,
-    n_dec: int,
-    start: float,
-    end: float,
-    itl_sums: FloatArray,
-    itl_hist: IntArray,
-    itl_gaps: FloatArray,
-    log_times: FloatArray,
-    log_counts: npt.NDArray[np.int32],
-) -> None:
-    """Account for the batch that ran from ``start`` to ``end`` and log it (the log has room: the loop checks)."""
-    row = sc[N_ITERS]
-    nb = sc[B_LEN]
-    for k in range(nb):
-        req = wk[BATCH_IDS, k]
-        if math.isnan(rf[FIRST_SCHEDULED, req]):
-            rf[FIRST_SCHEDULED, req] = start
-        ri[COMPUTED, req] += wk[BATCH_NEW, k]
-    done = 0
-    seats = sc[R_LEN]
-    held = sc[NUM_HELD]
-    kv_used = sc[USED]
-    hold = sc[B_HOLD] != 0
-    for k in range(nb):
-        req = wk[BATCH_IDS, k]
-        if ri[COMPUTED, req] != ri[PROMPT, req] + ri[GENERATED, req]:
-            continue
-        if ri[GENERATED, req] == 0:
-            rf[FIRST_TOKEN, req] = end
-        else:
-            add_gap(end - rf[LAST_TOKEN, req], itl_sums, itl_hist, itl_gaps)
-        ri[GENERATED, req] += 1
-        rf[LAST_TOKEN, req] = end
-        if ri[GENERATED, req] >= ri[OUTPUT, req]:
-            rf[FINISH, req] = end
-            done += 1
-            if hold:
-                ri[STATUS, req] = HELD_DONE
-            else:
-                ri[STATUS, req] = FINISHED
-                rf[RELEASED, req] = end
-                kv_free(ri, sc, req)
-    if done:
-        if hold:
-            sc[NUM_HELD] += done
-        else:
-            k = 0
-            for j in range(sc[R_LEN]):
-                r = wk[RUNNING_Q, j]
-                if ri[STATUS, r] != FINISHED:
-                    wk[RUNNING_Q, k] = r
-                    k += 1
-            sc[R_LEN] = k
-            sc[UNFINISHED] -= done
-    ctx = 0
-    pf_tokens = 0
-    for j in range(n_pf):
-        ctx += wk[PF_CTX, j]
-        pf_tokens += wk[PF_NEW, j]
-    for j in range(n_dec):
-        ctx += wk[DEC_CTX, j]
-    log_times[row, 0] = start
-    log_times[row, 1] = end
-    log_counts[row, 0] = n_pf
-    log_counts[row, 1] = pf_tokens
-    log_counts[row, 2] = n_dec
-    log_counts[row, 3] = ctx
-    log_counts[row, 4] = kv_used
-    log_counts[row, 5] = seats
-    log_counts[row, 6] = held
-    log_counts[row, 7] = sc[W_LEN]
-    log_counts[row, 8] = sc[PREEMPTED_SINCE]
-    log_counts[row, 9] = done
-    sc[PREEMPTED_SINCE] = 0
-    sc[N_ITERS] = row + 1

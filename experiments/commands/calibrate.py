@@ -5,12 +5,12 @@
     ferry calibrate --from-measurements FILE_OR_DIR [--hardware NAME] [--model FILTER ...] --out PROFILE.yaml
 
 The first form runs, with PyTorch on the device, the kernels of an iteration at the shapes of each model
-(``costmodel.calibrate``), a copy (bandwidth), an empty step, all-reduces when several GPUs are visible, and short
-serving runs of the real executor (``experiments.executor``) on the model at full and half depth, whose iterations
-give the host overheads. It writes every measurement to ``PROFILE.raw.csv`` (one row per kernel run: shape, FLOPs,
-bytes, median/min/max seconds), fits the profile (``costmodel.calibrated``) on half the points and prints the error on
-the other half, per operator class. The profile is then ``--hardware PROFILE.yaml`` for ``ferry run``, ``ferry
-iteration`` and ``ferry validate``.
+(``costmodel.calibration.harness``), a copy (bandwidth), an empty step, all-reduces when several GPUs are visible, and
+short serving runs of the real executor (``experiments.real.executor``) on the model at full and half depth, whose
+iterations give the host overheads. It writes every measurement to ``PROFILE.raw.csv`` (one row per kernel run: shape,
+FLOPs, bytes, median/min/max seconds), fits the profile (``costmodel.calibration.profile``) on half the points and
+prints the error on the other half, per operator class. The profile is then ``--hardware PROFILE.yaml`` for ``ferry
+run``, ``ferry iteration`` and ``ferry validate``.
 
 The second form fits without running anything: from a raw CSV this command wrote (on another machine, say), or from a
 directory of Vidur's published profiles (``compute/<device>/...``). For Vidur's data it fits the rows of the models
@@ -32,10 +32,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from costmodel import calibrate as cal
-from costmodel import kernels as K
-from costmodel.calibrated import FitResult, fit_profile, format_errors
-from costmodel.fit import WorkCounter, dump_terms
+from costmodel.calibration import device as devices
+from costmodel.calibration import grids, harness
+from costmodel.calibration import kernels as K
+from costmodel.calibration.fit import WorkCounter, dump_terms
+from costmodel.calibration.profile import FitResult, fit_profile, format_errors
 from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware
 from costmodel.model_spec import ModelSpec, load_model
 from costmodel.roofline import CostModel
@@ -105,7 +106,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a small grid (CI: under a minute on 2 CPU cores)")
     p.add_argument(
         "--grid",
-        choices=sorted(cal.GRIDS),
+        choices=sorted(grids.GRIDS),
         default=None,
         help="the sizes to time: full (the default), quick (as --quick), or smoke (every series of the full grid at a "
         "few small sizes, timed briefly: checks that the full grid runs, in seconds; not a calibration)",
@@ -220,22 +221,22 @@ def calibrate(
         log(f"note: {dtype} on a CPU runs without native support on most CPUs; timings will show it")
     if quick and grid not in (None, "quick"):
         raise ValueError(f"--quick is --grid quick; it contradicts --grid {grid}")
-    sizes = cal.GRIDS[grid] if grid is not None else cal.QUICK if quick else cal.FULL
+    sizes = grids.GRIDS[grid] if grid is not None else grids.QUICK if quick else grids.FULL
     anchor = base_profile(base, dev)
-    device_name, software = cal.describe(dev)
+    device_name, software = devices.describe(dev)
     log(f"calibrating {device_name} in {dtype} ({sizes.name} grid), base profile: {anchor.name if anchor else 'none'}")
     started = time.perf_counter()
-    rows = cal.measure_device(dev, dtype, sizes)
-    rows.append(rows[0] | {"op": "memory", "op_class": "capacity", "bytes": float(cal.memory_bytes(dev))})
+    rows = harness.measure_device(dev, dtype, sizes)
+    rows.append(rows[0] | {"op": "memory", "op_class": "capacity", "bytes": float(devices.memory_bytes(dev))})
     rows[-1] |= {"median_s": 1.0, "min_s": 1.0, "max_s": 1.0, "repeats": 1}
     for model in models:
         spec = load_model(model)
         log(f"{spec.name}: kernels")
-        rows += cal.measure_model(spec, model, dev, dtype, sizes, seed=seed, log=log)
+        rows += harness.measure_model(spec, model, dev, dtype, sizes, seed=seed, log=log)
         log(f"{spec.name}: executor iterations")
         rows += measure_iterations(model, spec, device, dtype, sizes.name, seed=seed, log=log)
     if dev.type == "cuda":
-        rows += cal.measure_all_reduce(dtype, tuple(1 << k for k in range(10, 31, 2)), log=log)
+        rows += harness.measure_all_reduce(dtype, tuple(1 << k for k in range(10, 31, 2)), log=log)
     settings = {
         "device": device,
         "dtype": dtype,
@@ -247,7 +248,7 @@ def calibrate(
         "fit": "joint" if joint else "kernels-only",
     }
     settings = {k: v for k, v in settings.items() if v}
-    raw = pd.DataFrame(rows, columns=[*cal.ROW_COLUMNS])
+    raw = pd.DataFrame(rows, columns=[*harness.ROW_COLUMNS])
     raw["host_s"] = raw["host_s"].fillna(0.0)
     raw["software"] = json.dumps(software)
     raw["date"] = date.today().isoformat()
@@ -265,8 +266,8 @@ def measure_iterations(
     its shape's kernels (``kernels``), sequences, layers, and the host's share of it (``host_s``: the time outside the
     forward pass); skipped when the model does not fit."""
     import policies
-    from experiments.executor import Executor, replay
-    from experiments.llama import Llama
+    from experiments.real.executor import Executor, replay
+    from experiments.real.llama import Llama
     from sim.kvcache import KVCacheManager
     from sim.request import RequestTable
 
@@ -274,12 +275,12 @@ def measure_iterations(
     max_len = max(p + o for _, p, o, _, _ in runs) + 1
     dev = K.device_of(device)
     weights = CostModel(spec, load_hardware("h100-sxm"), dtype=dtype).weight_bytes_per_gpu()
-    if weights > cal.memory_bytes(dev) // 3:
+    if weights > devices.memory_bytes(dev) // 3:
         log(f"  skip: {spec.name}'s weights ({weights / 2**30:.1f} GiB) do not fit comfortably; overheads not measured")
         return []
     rows: list[dict[str, Any]] = []
     depths = sorted({spec.num_hidden_layers, max(1, spec.num_hidden_layers // 2)}, reverse=True)
-    name = cal.describe(dev)[0]
+    name = devices.describe(dev)[0]
     for depth in depths:
         llama = Llama.build(model, device, dtype, max_len=max_len, layers=depth, seed=seed)
         work = WorkCounter(dataclasses.replace(spec, num_hidden_layers=depth), dtype)
@@ -332,7 +333,7 @@ def shape_text(shape: IterationShape) -> str:
 
 
 def _refit(args: argparse.Namespace) -> int:
-    from costmodel import refit
+    from costmodel.calibration import refit
 
     source: Path = args.from_measurements
     out: Path = args.out

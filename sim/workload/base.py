@@ -1,16 +1,11 @@
-"""Workloads: the arrival trace a simulation replays, synthetic (``vllm bench serve`` style) or from a file.
-
-A ``Workload`` is three aligned numpy columns (arrival second, prompt tokens, output tokens) plus optional
-ids; a million requests cost 24 MB and no Python object per request. Build one with ``synthetic(...)``,
-``load_trace(...)`` (readers in ``sim.traces``) or ``Workload.from_arrays(...)``.
-
-Token lengths of synthetic requests follow a ``LengthSpec`` (``sim.lengths``). All randomness comes from the
-``numpy.random.Generator`` passed in: same seed, same workload.
+"""The ``Workload``: the requests a simulation replays, as three aligned numpy columns (arrival second, prompt tokens,
+output tokens) plus optional ids; a million requests cost 24 MB and no Python object per request. Build one with
+``synthetic`` (``sim.workload.synthetic``), ``load_trace`` (here; the readers are in ``sim.workload.traces``) or
+``Workload.from_arrays``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,18 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from sim import traces
-from sim.lengths import LengthSpec, parse_length_spec
-from sim.traces import FORMATS
-
-__all__ = [
-    "FORMATS",
-    "LengthSpec",
-    "Workload",
-    "load_trace",
-    "parse_length_spec",
-    "synthetic",
-]
+from sim.workload import traces
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -178,9 +162,6 @@ def _whole(values: npt.ArrayLike, name: str) -> IntArray:
     return array.astype(np.int64)
 
 
-# --- trace files --------------------------------------------------------------------------------------------
-
-
 def load_trace(
     path: str | Path,
     format: str = "auto",
@@ -190,7 +171,7 @@ def load_trace(
     model: str | None = None,
     sort: bool = False,
 ) -> Workload:
-    """Read a trace file (formats in ``sim.traces``; ``FORMATS`` names them).
+    """Read a trace file (formats in ``sim.workload.traces``; ``FORMATS`` names them).
 
     - ``format="auto"`` detects it: ``.jsonl`` is mooncake, otherwise the CSV header decides. A length-only
       file (ShareGPT stats: lengths, no arrival column) is not a trace; use it as an ``empirical`` source.
@@ -202,70 +183,8 @@ def load_trace(
     - Timestamps must be sorted; an earlier row after a later one is an error naming both rows, unless
       ``sort=True`` (``ferry run --sort-trace``), which sorts by arrival (stable).
     - Token counts must be whole numbers in ``0..MAX_TOKENS`` (2**31 - 1) and arrivals at most ``MAX_ARRIVAL_S``
-      (1e9 s) after the start (``sim.traces``); a bad value is a ``ValueError`` naming the file, row and column.
+      (1e9 s) after the start (``sim.workload.traces``); a bad value is a ``ValueError`` naming the file, row and
+      column.
     """
     cols = traces.read_trace(path, format, limit, time_scale, model, sort)
     return Workload(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.request_id, cols.source)
-
-
-# --- synthetic ----------------------------------------------------------------------------------------------
-
-
-def synthetic(
-    num_prompts: int,
-    request_rate: float,
-    burstiness: float,
-    input_len: LengthSpec | str | int,
-    output_len: LengthSpec | str | int,
-    rng: np.random.Generator,
-    *,
-    normalize: bool = True,
-    pairs: tuple[IntArray, IntArray] | None = None,
-) -> Workload:
-    """``num_prompts`` requests arriving as ``vllm bench serve --request-rate R --burstiness B`` sends them.
-
-    Gaps between requests are gamma(shape=B, scale=1/(R*B)): mean 1/R, coefficient of variation 1/sqrt(B);
-    B=1 is a Poisson process, B<1 burstier, B>1 more regular, B=inf constant gaps of 1/R. R=inf sends all at
-    t=0. As in vLLM (``vllm/benchmarks/serve.py``, ``get_request``), the first request also waits one gap (it
-    does not arrive at 0), and with ``normalize`` (vLLM's behaviour without ramp-up) the arrival times are
-    scaled by one factor so the last arrives at exactly ``num_prompts / R`` s: the achieved rate is exactly
-    R, the gaps keep their gamma shape and CV. ``normalize=False`` gives the raw renewal process (for
-    queueing-theory checks).
-
-    ``pairs`` (prompt, output arrays, e.g. from ``sim.lengths.read_length_pairs``) replaces the two length specs:
-    each request takes one row, resampled with replacement, so prompt and output lengths keep their correlation.
-
-    Draws, in this order, from ``rng`` only: the gaps, the prompt lengths, the output lengths (or the rows).
-    """
-    if isinstance(num_prompts, bool) or not isinstance(num_prompts, (int, np.integer)) or num_prompts < 1:
-        raise ValueError(f"num_prompts={num_prompts!r} must be an integer >= 1")
-    if not request_rate > 0:  # also refuses NaN
-        raise ValueError(f"request_rate={request_rate} must be > 0 (inf sends every request at t=0)")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness={burstiness} must be > 0 (1 is Poisson; inf is constant gaps)")
-    in_spec, out_spec = parse_length_spec(input_len), parse_length_spec(output_len)
-
-    n = int(num_prompts)
-    if math.isinf(request_rate):
-        arrival = np.zeros(n)
-        process = "all at t=0"
-    else:
-        if math.isinf(burstiness):
-            gaps = np.full(n, 1.0 / request_rate)
-            process = f"constant rate={request_rate:g}/s"
-        else:
-            gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
-            kind = "poisson" if burstiness == 1 else f"gamma(burstiness={burstiness:g})"
-            process = f"{kind} rate={request_rate:g}/s"
-        arrival = np.cumsum(gaps)
-        if normalize and arrival[-1] > 0:
-            arrival *= (n / request_rate) / arrival[-1]
-    if pairs is not None:
-        rows = rng.integers(0, len(pairs[0]), size=n)
-        prompt, output = pairs[0][rows], pairs[1][rows]
-        lengths = f"lengths=resampled pairs of {len(pairs[0])} rows"
-    else:
-        prompt, output = in_spec.sample(n, rng), out_spec.sample(n, rng)
-        lengths = f"input={in_spec.text()} output={out_spec.text()}"
-    source = f"synthetic {process} n={n} {lengths}"
-    return Workload(arrival, prompt, output, None, source)

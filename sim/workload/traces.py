@@ -6,9 +6,7 @@ and the value, so a user can find the bad line. Rows are counted from 0 after th
 line number (JSONL). Values are bounded as they are read: a token count is a whole number in
 ``0..MAX_TOKENS``; an arrival time is finite and at most ``MAX_ARRIVAL_S`` seconds after the start.
 
-A file may be compressed (gzip, bz2, xz or a one-file zip, recognized by its first bytes whatever its name)
-and is UTF-8 text, or UTF-16/UTF-32 with a byte-order mark; anything else is refused with a ``ValueError``
-naming the file.
+A file may be compressed and in any Unicode encoding with a byte-order mark (``sim.workload.files`` opens it).
 
 Formats (the three columns each needs; other columns are ignored; header names are matched after stripping
 the spaces around them, and case-insensitively):
@@ -25,32 +23,19 @@ the spaces around them, and case-insensitively):
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import json
-import lzma
-import zipfile
-import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple, cast
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
+
+from sim.workload import files, values
+from sim.workload.values import MAX_ARRIVAL_S, MAX_TOKENS  # noqa: F401  (MAX_TOKENS: part of this API)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-# Most tokens one request may have in its prompt or its output: 2**31 - 1, far above any model's context
-# (10**5..10**7), and small enough that sums over millions of requests stay far from int64 overflow.
-MAX_TOKENS = 2**31 - 1
-# Latest arrival, in seconds from the start of the trace (after the shift and time_scale): 1e9 s, about 32
-# years; it keeps milliseconds (x 1e3), nanoseconds in int64 (x 1e9 < 9.2e18) and cumulative sums finite.
-MAX_ARRIVAL_S = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +164,13 @@ def read_length_column(path: str | Path, column: str) -> IntArray:
     if not path.is_file():
         raise FileNotFoundError(f"empirical length file not found: {path}")
     where = f"empirical length file {path}"
-    header = [] if _is_jsonl(path) else _header(path, where)
+    header = [] if files.is_jsonl(path) else _header(path, where)
     actual = _lookup(header, column)
     if actual is not None:
-        frame = _read_frame(path, where, usecols=[actual])
-        values = _tokens(frame[actual], where, actual.strip())
-    elif _is_jsonl(path) or _match(header) is not None:
-        fmt = _FORMATS["mooncake" if _is_jsonl(path) else _match(header) or ""]
+        frame = files.read_frame(path, where, usecols=[actual])
+        counts = values.tokens(frame[actual], where, actual.strip())
+    elif files.is_jsonl(path) or _match(header) is not None:
+        fmt = _FORMATS["mooncake" if files.is_jsonl(path) else _match(header) or ""]
         wanted = column.strip().lower()
         if wanted not in ("prompt_tokens", "output_tokens", fmt.prompt.lower(), fmt.output.lower()):
             raise ValueError(
@@ -193,114 +178,15 @@ def read_length_column(path: str | Path, column: str) -> IntArray:
                 f"{fmt.prompt!r} / {fmt.output!r} (or, normalized, 'prompt_tokens' / 'output_tokens')"
             )
         trace = read_trace(path, fmt.name, sort=True)
-        values = trace.prompt_tokens if wanted in ("prompt_tokens", fmt.prompt.lower()) else trace.output_tokens
+        counts = trace.prompt_tokens if wanted in ("prompt_tokens", fmt.prompt.lower()) else trace.output_tokens
     else:
         raise ValueError(
             f"{where}: no column {column!r}; columns found: {_names(header)}"
             " (a trace file would also offer its token columns as prompt_tokens and output_tokens)"
         )
-    if len(values) == 0:
+    if len(counts) == 0:
         raise ValueError(f"{where}: column {column!r} has no values")
-    return values
-
-
-# --- opening files ------------------------------------------------------------------------------------------
-
-# compression, told by the first bytes (not the name); pandas and the standard library read all four
-_COMPRESSIONS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"))
-# text encoding, told by the byte-order mark; UTF-32-LE's mark starts with UTF-16-LE's, so it is tried first
-_BOMS = (
-    (b"\xef\xbb\xbf", "utf-8-sig"),
-    (b"\xff\xfe\x00\x00", "utf-32"),
-    (b"\x00\x00\xfe\xff", "utf-32"),
-    (b"\xff\xfe", "utf-16"),
-    (b"\xfe\xff", "utf-16"),
-)
-# what a damaged compressed file raises while it is read
-_DAMAGED = (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile)
-
-
-@contextmanager
-def _binary(path: Path, compression: str | None) -> Iterator[IO[bytes]]:
-    """The file's bytes, decompressed."""
-    if compression == "zip":
-        with zipfile.ZipFile(path) as archive:
-            members = [m for m in archive.infolist() if not m.is_dir()]
-            if len(members) != 1:
-                raise ValueError(f"{path}: a zip archive of {len(members)} files; a trace must be its only file")
-            with archive.open(members[0]) as f:
-                yield f
-    elif compression is not None:
-        module = {"gzip": gzip, "bz2": bz2, "xz": lzma}[compression]
-        with module.open(path, "rb") as f:
-            yield cast(IO[bytes], f)
-    else:
-        with open(path, "rb") as f:
-            yield f
-
-
-def _sniff(path: Path, where: str) -> tuple[str | None, str]:
-    """(compression, text encoding) of a file, from its first bytes; refuses what is neither."""
-    with open(path, "rb") as f:
-        magic = f.read(6)
-    compression = next((name for start, name in _COMPRESSIONS if magic.startswith(start)), None)
-    try:
-        with _binary(path, compression) as f:
-            head = f.read(4096)
-    except _DAMAGED as exc:
-        raise ValueError(f"{where}: starts like {compression} data but cannot be decompressed ({exc})") from None
-    encoding = next((name for bom, name in _BOMS if head.startswith(bom)), "utf-8")
-    if encoding.startswith("utf-8") and b"\x00" in head:
-        raise ValueError(
-            f"{where}: has NUL bytes in its first 4 kB, so it is not UTF-8 text: binary data, or UTF-16/32 "
-            "text without a byte-order mark (save it as UTF-8)"
-        )
-    return compression, encoding
-
-
-def _undecodable(where: str, encoding: str, exc: UnicodeDecodeError) -> ValueError:
-    bad = exc.object[exc.start : exc.start + 4]
-    name = encoding.removesuffix("-sig").upper()
-    return ValueError(f"{where}: is not {name} text ({exc.reason}: {bad!r}); save it as UTF-8")
-
-
-# a field after the last column (a trailing comma) is ignored; without index_col=False pandas would take the first
-# field of such a first row as the index and shift every column by one
-_CSV_OPTIONS: dict[str, Any] = {"skipinitialspace": True, "index_col": False}
-
-
-def _read_frame(path: Path, where: str, **options: object) -> pd.DataFrame:
-    """``pd.read_csv`` of a file whose compression and encoding ``_sniff`` tells; what pandas raises about the
-    file becomes a ``ValueError`` naming it. An empty file is an empty frame."""
-    compression, encoding = _sniff(path, where)
-    try:
-        return pd.read_csv(path, compression=compression, encoding=encoding, **_CSV_OPTIONS, **options)
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
-    except UnicodeDecodeError as exc:
-        raise _undecodable(where, encoding, exc) from None
-    except _DAMAGED as exc:
-        if compression is None:
-            raise
-        raise ValueError(f"{where}: damaged {compression} data ({exc})") from None
-    except ValueError as exc:  # pandas' ParserError and kin, which do not name the file
-        raise ValueError(f"{where}: cannot read it as CSV: {str(exc).strip()}") from None
-
-
-@contextmanager
-def _open_text(path: Path, where: str) -> Iterator[io.TextIOWrapper]:
-    """The file as text lines; a line that is not valid text in its encoding keeps its bad bytes as lone
-    surrogates (``surrogateescape``), which the reader refuses, naming the line."""
-    compression, encoding = _sniff(path, where)
-    with _binary(path, compression) as raw:
-        yield io.TextIOWrapper(raw, encoding=encoding, errors="surrogateescape")
-
-
-def _is_jsonl(path: Path) -> bool:
-    """Named ``*.jsonl``, or that and a compression's suffix (``*.jsonl.gz``)."""
-    suffixes = [s.lower() for s in path.suffixes]
-    compressed = suffixes[-1:] in ([".gz"], [".bz2"], [".xz"], [".zip"])
-    return bool(suffixes) and (suffixes[-1] == ".jsonl" or (compressed and suffixes[-2:-1] == [".jsonl"]))
+    return counts
 
 
 # --- detection ----------------------------------------------------------------------------------------------
@@ -309,14 +195,14 @@ def _is_jsonl(path: Path) -> bool:
 def csv_header(path: str | Path) -> list[str]:
     """Column names of a CSV file, stripped (empty for JSONL or a missing file)."""
     path = Path(path)
-    if not path.is_file() or _is_jsonl(path):
+    if not path.is_file() or files.is_jsonl(path):
         return []
     return _names(_header(path, str(path)))
 
 
 def _header(path: Path, where: str) -> list[str]:
     """Column names as pandas reads them (what ``usecols`` wants); ``_lookup`` and ``_names`` strip them."""
-    return [str(c) for c in _read_frame(path, where, nrows=0).columns]
+    return [str(c) for c in files.read_frame(path, where, nrows=0).columns]
 
 
 def _names(header: list[str]) -> list[str]:
@@ -337,7 +223,7 @@ def _match(header: list[str]) -> str | None:
 
 
 def _detect(path: Path) -> str:
-    if _is_jsonl(path):
+    if files.is_jsonl(path):
         return "mooncake"
     header = _header(path, str(path))
     name = _match(header)
@@ -379,7 +265,7 @@ def _read_csv(
     dtype = {c: str for c in (id_col, model_col) if c is not None}
     if fmt.unit == "datetime":
         dtype[cols[fmt.arrival]] = str
-    frame = _read_frame(
+    frame = files.read_frame(
         path,
         where,
         usecols=usecols,
@@ -402,11 +288,11 @@ def _read_csv(
 
     arrival_col = cols[fmt.arrival]
     if fmt.unit == "datetime":
-        raw = _datetimes(frame[arrival_col], where, arrival_col)
+        raw = values.datetimes(frame[arrival_col], where, arrival_col)
     else:
-        raw = _seconds(frame[arrival_col], where, arrival_col, 1e-3 if fmt.unit == "ms" else 1.0)
-    prompt = _tokens(frame[cols[fmt.prompt]], where, cols[fmt.prompt])
-    output = _tokens(frame[cols[fmt.output]], where, cols[fmt.output])
+        raw = values.seconds(frame[arrival_col], where, arrival_col, 1e-3 if fmt.unit == "ms" else 1.0)
+    prompt = values.tokens(frame[cols[fmt.prompt]], where, cols[fmt.prompt])
+    output = values.tokens(frame[cols[fmt.output]], where, cols[fmt.output])
     rows = frame.index.to_numpy(dtype=np.int64)
     ids = None
     if id_col is not None:
@@ -418,7 +304,9 @@ def _read_csv(
         if dup.any():
             i = int(np.flatnonzero(dup.to_numpy())[0])
             first = int(np.flatnonzero((frame[id_col] == ids[i]).to_numpy())[0])
-            raise ValueError(f"{where}: column {id_col!r} row {rows[i]}: id {_show(ids[i])} repeats row {rows[first]}")
+            raise ValueError(
+                f"{where}: column {id_col!r} row {rows[i]}: id {values.show(ids[i])} repeats row {rows[first]}"
+            )
     return raw, prompt, output, ids, rows
 
 
@@ -431,7 +319,7 @@ def _read_jsonl(
     lines: list[int] = []
     lineno = 0  # the last line read
     try:
-        with _open_text(path, where) as f:
+        with files.open_text(path, where) as f:
             for lineno, line in enumerate(f, start=1):
                 if line.strip():
                     rows.append(_jsonl_row(line, f"{where}: line {lineno}", fields))
@@ -440,7 +328,7 @@ def _read_jsonl(
                         break
     except UnicodeDecodeError as exc:  # what surrogateescape cannot keep, e.g. half a UTF-16 character
         raise ValueError(f"{where}: is not {exc.encoding.upper()} text past line {lineno}; save it as UTF-8") from None
-    except _DAMAGED as exc:
+    except files.DAMAGED as exc:
         raise ValueError(f"{where}: damaged compressed data past line {lineno} ({exc})") from None
     table = np.array(rows, dtype=np.float64).reshape(-1, 3)
     # milliseconds -> seconds; token counts were checked to be whole numbers <= MAX_TOKENS, exact in float64
@@ -451,7 +339,7 @@ def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[float,
     """The (arrival, prompt, output) fields of one JSONL line; ``at`` names the file and line in errors."""
     try:
         line.encode("utf-8")
-    except UnicodeEncodeError:  # a byte that was not text, kept as a lone surrogate by _open_text
+    except UnicodeEncodeError:  # a byte that was not text, kept as a lone surrogate by files.open_text
         raise ValueError(f"{at} is not text in the file's encoding; save the file as UTF-8") from None
     try:
         record = json.loads(line)
@@ -464,99 +352,5 @@ def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[float,
     for key in fields:
         if key not in record:
             raise ValueError(f"{at}: missing field {key!r}; fields found: {sorted(record)}")
-        _check_json(record[key], key == fields[0], f"{at}: field {key!r}")
+        values.check_json(record[key], key == fields[0], f"{at}: field {key!r}")
     return record[fields[0]], record[fields[1]], record[fields[2]]
-
-
-def _check_json(value: object, arrival: bool, at: str) -> None:
-    """A JSON number: an arrival must be finite (and fit a float), a token count whole in 0..MAX_TOKENS."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        ok = False
-    elif arrival:
-        ok = -1e308 < value < 1e308  # exact for Python ints of any size; false for inf and nan
-    else:
-        ok = 0 <= value <= MAX_TOKENS and float(value).is_integer()
-    if not ok:
-        what = "a finite number" if arrival else f"a whole number in 0..{MAX_TOKENS} (MAX_TOKENS)"
-        raise ValueError(f"{at} is {_show(value)}, expected {what}")
-
-
-# --- column conversion --------------------------------------------------------------------------------------
-
-
-def _show(value: object) -> str:
-    """A value from a file for a message: numpy scalars as plain numbers, cut to 40 characters."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _numbers(series: pd.Series, where: str, column: str) -> FloatArray:
-    """A column as float64; a missing, non-numeric or infinite value is an error naming its row."""
-    if pd.api.types.is_bool_dtype(series.dtype):  # pandas reads a column of True/False as bool: not numbers
-        series = series.astype(str)
-    try:
-        numeric = pd.to_numeric(series, errors="coerce")
-    except OverflowError:  # pandas does not coerce an integer past float64's range (~1.8e308); Python makes it inf
-        numeric = series.map(_float)
-    values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        i = int(bad[0])
-        raw = series.iloc[i]
-        what = "missing value" if pd.isna(raw) else f"{_show(raw)} is not a finite number"
-        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {what}")
-    return values
-
-
-def _float(value: object) -> float:
-    """One value as a float: inf past float64's range, nan if it is not a number."""
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except OverflowError:  # a Python int past ~1.8e308
-        return np.inf if value > 0 else -np.inf  # type: ignore[operator]
-    except (TypeError, ValueError):
-        return np.nan
-
-
-def _tokens(series: pd.Series, where: str, column: str) -> IntArray:
-    """A token-count column as int64: whole numbers in 0..MAX_TOKENS (0 is kept: the engine rejects it with a
-    reason)."""
-    values: npt.NDArray[np.int64] | npt.NDArray[np.uint64] | FloatArray
-    if pd.api.types.is_integer_dtype(series.dtype):  # int64, or uint64 when a value is above 2**63 - 1
-        values = series.to_numpy()
-    else:
-        values = _numbers(series, where, column)
-    bad = np.flatnonzero((values != np.floor(values)) | (values < 0) | (values > MAX_TOKENS))
-    if bad.size:
-        i = int(bad[0])
-        value = values[i]
-        if value != np.floor(value):
-            what = "is not a whole number"
-        elif value < 0:
-            what = "is negative"
-        else:
-            what = f"is more than MAX_TOKENS = {MAX_TOKENS} tokens"
-        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {_show(series.iloc[i])} {what}")
-    return values.astype(np.int64)
-
-
-def _seconds(series: pd.Series, where: str, column: str, unit_s: float) -> FloatArray:
-    values = _numbers(series, where, column)
-    return values * unit_s if unit_s != 1.0 else values
-
-
-def _datetimes(series: pd.Series, where: str, column: str) -> FloatArray:
-    """Datetime strings -> seconds after the first row. ISO 8601 with any number of fractional digits (beyond
-    nanoseconds they are cut) and an optional UTC offset; differences are taken in integer nanoseconds."""
-    stamps = pd.to_datetime(series.str.strip(), format="ISO8601", utc=True, errors="coerce")
-    bad = np.flatnonzero(stamps.isna().to_numpy())
-    if bad.size:
-        i = int(bad[0])
-        raw = series.iloc[i]
-        what = "missing value" if pd.isna(raw) else f"{_show(raw)} is not a date and time"
-        raise ValueError(f"{where}: column {column!r} row {series.index[i]}: {what}")
-    if len(stamps) == 0:
-        return np.zeros(0)
-    return ((stamps - stamps.iloc[0]) / pd.Timedelta(1, "s")).to_numpy(dtype=np.float64)

@@ -1,0 +1,1 @@
+"""The ``ferry`` subcommands, one module each, each with a ``register(subparsers)`` that ``experiments.cli`` calls."""
