@@ -30,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a command whose module is not there yet
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

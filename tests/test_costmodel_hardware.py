@@ -13,6 +13,7 @@ from costmodel import HardwareProfile, builtin_hardware, load_hardware
 from costmodel.hardware import ASSUMPTION, PROFILES_DIR, parse_hardware
 
 DEVICES = ["a100-40g", "a100-80g", "h100-sxm", "h100-pcie", "h200", "l40s", "b200", "mi300x"]
+SHIPPED = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))  # every profile in hwprofiles/, a new one included
 
 
 def profile_data(name: str = "h100-sxm") -> dict[str, Any]:
@@ -23,7 +24,7 @@ def test_every_device_the_issue_names_ships() -> None:
     assert set(DEVICES) <= set(builtin_hardware())
 
 
-@pytest.mark.parametrize("name", DEVICES)
+@pytest.mark.parametrize("name", SHIPPED)
 def test_builtin_profiles_load_and_cite_every_datasheet_number(name: str) -> None:
     hw = load_hardware(name)
     assert hw.name == name and hw.kind == "datasheet"
@@ -137,3 +138,16 @@ def test_invalid_yaml_file(tmp_path) -> None:
     path.write_text("- a list\n")
     with pytest.raises(ValueError, match="expected a mapping"):
         load_hardware(str(path))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_assumed_curves_follow_the_stated_rule(name: str) -> None:
+    """A datasheet profile's assumed efficiency curves pay ~4 us per kernel: half_size = 4 us x rate x max, the rate
+    being the bf16 peak (the fp32 peak for elementwise kernels) or the memory bandwidth. A profile copied from another
+    device without recomputing them fails here."""
+    hw = load_hardware(name)
+    for cls in ("gemm", "attention_prefill", "attention_decode", "elementwise"):
+        peak = hw.peak_flops("float32" if cls == "elementwise" else "bfloat16")
+        for side, rate in (("compute", peak), ("memory", hw.memory_bandwidth_gbps.value * 1e9)):
+            curve = getattr(hw.efficiency.of(cls), side)
+            assert curve.half_size == pytest.approx(4e-6 * rate * curve.max, rel=0.02), (cls, side)
