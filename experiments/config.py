@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -24,21 +23,12 @@ from pydantic import (
     model_validator,
 )
 
-from policies.config import APPLIES_TO, BUILTIN_POLICIES, SchedulerConfig
+from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number, SchedulerConfig
 from policies.vllm_defaults import LATEST, OLDEST, release_in_force
 from sim.workload import FORMATS, LengthSpec, parse_length_spec
 
 MAX_NUM_PROMPTS = 20_000_000  # requests in one run: ~20 GB of request columns and records; split larger workloads
 MAX_HORIZON_S = 1e9  # the last arrival of a workload (s, ~32 years): beyond it clocks lose their resolution
-
-
-def _no_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
-    return value
-
-
-Number = Annotated[float, BeforeValidator(_no_bool)]  # a float that is not a bool (true would be 1.0); "inf" is fine
 
 
 class WorkloadConfig(BaseModel):

@@ -19,6 +19,7 @@ import policies
 from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
 from experiments import outputs
 from experiments.config import RunConfig
+from policies.config import ITERATION_LIMITED
 from policies.vllm_defaults import EngineDefaults, engine_defaults
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
@@ -68,7 +69,7 @@ def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> t
         )
     fields = sched.model_dump(exclude_unset=True) | {"max_model_len": max_len}
     vllm = None
-    if sched.policy in ("continuous", "chunked"):
+    if sched.policy in ITERATION_LIMITED:
         settings = hardware.provenance.settings or {}
         vllm = engine_defaults(
             config.vllm_defaults,

@@ -6,9 +6,9 @@ first fills them with what a default ``vllm serve`` picks on its device (``polic
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 CHUNKED_ORDERS = ("vllm", "decodes-first")  # chunked: the order running requests take their tokens
 DEFAULT_MAX_NUM_SEQS = 256  # without a device (vLLM V0's default)
@@ -29,7 +29,20 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "kv_watermark": ("continuous", "chunked"),  # a run setting: only paged admission keeps a watermark
     "vllm_defaults": ("continuous", "chunked"),  # a run setting: vLLM has no static or dynamic batching
 }
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]  # a float that is not a bool (true would be 1.0); "inf" is fine
 BUILTIN_POLICIES = ("none", "static", "dynamic", "continuous", "chunked")
+# the policies with per-iteration limits (max_num_seqs, a token budget: vLLM's start-up checks and defaults apply),
+# and those that carry whole batches reserved up front
+ITERATION_LIMITED = APPLIES_TO["max_num_seqs"]
+WHOLE_BATCHES = APPLIES_TO["max_batch_size"]
 
 
 class SchedulerConfig(BaseModel):
@@ -67,7 +80,7 @@ class SchedulerConfig(BaseModel):
         "prefills interleaved (vLLM V1); decodes-first = every decode, then unfinished prefills (Sarathi-Serve)",
     )
     max_batch_size: StrictInt = Field(8, ge=1, description="static, dynamic: passengers per boat (requests)")
-    max_delay_ms: float = Field(
+    max_delay_ms: Number = Field(
         0.0,
         ge=0,
         description="dynamic: longest the oldest queued request waits for a fuller batch (ms; Triton's "
@@ -86,13 +99,6 @@ class SchedulerConfig(BaseModel):
         "which cannot grow a batch's memory",
     )
 
-    @field_validator("max_delay_ms", mode="before")
-    @classmethod
-    def _number(cls, value: object) -> object:
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number of milliseconds, got {value!r}")
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:
         for size in self.preferred_batch_sizes:
@@ -100,7 +106,7 @@ class SchedulerConfig(BaseModel):
                 raise ValueError(
                     f"preferred_batch_sizes entry {size} must be between 1 and max_batch_size={self.max_batch_size}"
                 )
-        if self.policy in ("static", "dynamic") and self.kv_reservation == "paged":
+        if self.policy in WHOLE_BATCHES and self.kv_reservation == "paged":
             raise ValueError(
                 f"kv_reservation=paged: {self.policy} batching reserves each member's KV up front; "
                 "choose output or max_model_len"
@@ -115,7 +121,7 @@ class SchedulerConfig(BaseModel):
                 f"{self.max_model_len}: without chunked prefill a whole prompt must fit in one iteration "
                 "(raise max_num_batched_tokens, lower max_model_len, or use --policy chunked)"
             )
-        if self.policy in ("continuous", "chunked") and self.token_budget < self.seq_limit:
+        if self.policy in ITERATION_LIMITED and self.token_budget < self.seq_limit:
             # vLLM refuses to start: SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py)
             raise ValueError(
                 f"max_num_batched_tokens={self.token_budget} must be greater than or equal to max_num_seqs="
@@ -129,7 +135,7 @@ class SchedulerConfig(BaseModel):
         """The resolved ``kv_reservation``."""
         if self.kv_reservation is not None:
             return self.kv_reservation
-        return "output" if self.policy in ("static", "dynamic") else "paged"
+        return "output" if self.policy in WHOLE_BATCHES else "paged"
 
     @property
     def token_budget(self) -> int:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import policies
-from policies.config import SchedulerConfig
+from policies.config import ITERATION_LIMITED, WHOLE_BATCHES, SchedulerConfig
 from sim.engine import simulate
 from sim.kvcache import KVCacheManager
 from sim.metrics import request_frame
@@ -97,11 +97,11 @@ def test_every_request_ends_and_limits_hold(sc: dict) -> None:
     # limits: sequences, tokens and memory per iteration
     seqs = it.column("prefill_seqs") + it.column("decode_seqs")
     tokens = it.column("prefill_tokens") + it.column("decode_seqs")
-    if cfg.policy in ("continuous", "chunked"):
+    if cfg.policy in ITERATION_LIMITED:
         assert (seqs <= cfg.seq_limit).all()
         assert (tokens <= cfg.token_budget).all()
         assert (it.column("seats") <= cfg.seq_limit).all()
-    if cfg.policy in ("static", "dynamic"):
+    if cfg.policy in WHOLE_BATCHES:
         assert (it.column("seats") <= cfg.max_batch_size).all()
     if cfg.policy == "none":
         assert (seqs == 1).all()

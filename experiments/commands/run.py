@@ -14,7 +14,7 @@ from experiments import outputs
 from experiments.config import RunConfig
 from experiments.progress import Progress
 from experiments.simulation import RUN_OUTPUTS, run_simulation, write_outputs
-from policies.config import CHUNKED_ORDERS
+from policies.config import CHUNKED_ORDERS, ITERATION_LIMITED, WHOLE_BATCHES
 from policies.vllm_defaults import LATEST
 from sim.metrics import overload_notice, parse_goodput
 from sim.workload import FORMATS
@@ -217,7 +217,7 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         return f" (vLLM {vllm['release']})" if field in applied else ""
 
     rows: list[tuple[str, Any]] = []
-    if policy in ("continuous", "chunked"):
+    if policy in ITERATION_LIMITED:
         if applied:
             rows.append(("`vllm serve` defaults", f"{vllm['release']} {vllm['engine']}, {vllm['tier']}"))
         rows.append(("Max num seqs", f"{sched['max_num_seqs']:,}{mark('max_num_seqs')}"))
@@ -226,7 +226,7 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
             admission = "whole prompt fits" if sched["scheduler_reserve_full_isl"] else "first chunk fits"
             rows.append(("KV admission", f"{admission}{mark('scheduler_reserve_full_isl')}"))
             rows.append(("Order of running requests", sched["chunked_order"]))
-    elif policy in ("static", "dynamic"):
+    elif policy in WHOLE_BATCHES:
         rows.append(("Max batch size", sched["max_batch_size"]))
         if policy == "dynamic":
             preferred = sched["preferred_batch_sizes"] or [sched["max_batch_size"]]
@@ -235,7 +235,7 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
             )
     if cfg.get("kv_watermark") is not None:
         rows.append(("KV watermark", f"{cfg['kv_watermark']:g}{mark('kv_watermark')}"))
-    whole = "whole, when the batch ends" if policy in ("static", "dynamic") else "whole, at the last token"
+    whole = "whole, when the batch ends" if policy in WHOLE_BATCHES else "whole, at the last token"
     rows.append(("Responses", "streamed" if cfg["stream"] else whole))
     return rows
 
