@@ -196,6 +196,11 @@ class RunConfig(BaseModel):
     itl: Literal["auto", "exact", "histogram"] = Field(
         "auto", description="keep every inter-token gap, or a 0.5%-error histogram (auto: exact up to 20M gaps)"
     )
+    record_batches: StrictBool = Field(
+        False,
+        description="keep who took part in each iteration, with their tokens (batches.csv: one row per request and "
+        "iteration)",
+    )
 
     @model_validator(mode="before")
     @classmethod

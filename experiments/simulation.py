@@ -23,7 +23,7 @@ from policies.config import ITERATION_LIMITED
 from policies.vllm_defaults import EngineDefaults, engine_defaults
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
-from sim.metrics import request_frame, summarize
+from sim.metrics import batch_frame, request_frame, summarize
 from sim.records import RunRecords
 from sim.request import RequestTable
 from sim.workload import Workload, load_trace, synthetic
@@ -204,7 +204,16 @@ def run_simulation(
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
     records = simulate(
-        requests, policy, replica.cost, kv, config.scheduler.max_model_len, config.engine, exact, report, config.stream
+        requests,
+        policy,
+        replica.cost,
+        kv,
+        config.scheduler.max_model_len,
+        config.engine,
+        exact,
+        report,
+        config.stream,
+        config.record_batches,
     )
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
@@ -215,15 +224,19 @@ def memory_summary(memory: MemoryPlan) -> dict[str, Any]:
     return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in dataclasses.asdict(memory).items()}
 
 
-RUN_OUTPUTS = ("summary.json", "requests.csv", "iterations.csv")
+RUN_OUTPUTS = ("summary.json", "requests.csv", "iterations.csv", "batches.csv")
 
 
 def write_outputs(result: RunResult, out: Path, force: bool = False, command: str = "run") -> list[Path]:
-    """Write ``summary.json``, ``requests.csv`` and ``iterations.csv`` into ``out`` (see ``experiments.outputs``:
-    an earlier run's files there are replaced, other files refused unless ``force``; the summary is written last);
-    returns their paths."""
+    """Write ``summary.json``, ``requests.csv``, ``iterations.csv`` and (when the run kept them) ``batches.csv``
+    into ``out`` (see ``experiments.outputs``: an earlier run's files there are replaced, other files refused unless
+    ``force``; the summary is written last); returns their paths."""
     summary = json.dumps(result.summary, indent=2, allow_nan=False) + "\n"  # fails before anything is written
     outputs.prepare(out, RUN_OUTPUTS, command, force)
-    requests = outputs.write_frame(out / "requests.csv", request_frame(result.records))
-    iterations = outputs.write_frame(out / "iterations.csv", result.records.iterations.to_frame())
-    return [outputs.write_text(out / "summary.json", summary), requests, iterations]
+    written = [
+        outputs.write_frame(out / "requests.csv", request_frame(result.records)),
+        outputs.write_frame(out / "iterations.csv", result.records.iterations.to_frame()),
+    ]
+    if result.records.batches is not None:
+        written.append(outputs.write_frame(out / "batches.csv", batch_frame(result.records)))
+    return [outputs.write_text(out / "summary.json", summary), *written]

@@ -121,6 +121,7 @@ def simulate(
     exact_itl: bool | None = None,
     on_progress: Callable[[float, int], None] | None = None,
     stream: bool | None = None,
+    record_batches: bool = False,
 ) -> RunRecords:
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
@@ -129,8 +130,9 @@ def simulate(
     (``timer.compiled()``), to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl``
     keeps every token gap (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``).
     ``on_progress(now, unfinished)`` is called now and then with the simulated clock and the requests not yet ended.
-    ``stream``: whether clients receive tokens as they are made (None: the policy's default, ``default_stream``). The
-    request table is the run's state and ends up in its records: give each run a new one."""
+    ``stream``: whether clients receive tokens as they are made (None: the policy's default, ``default_stream``).
+    ``record_batches`` keeps who took part in each iteration (``records.batches``; one row per request and
+    iteration). The request table is the run's state and ends up in its records: give each run a new one."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if (requests.status != Status.PENDING).any() or requests.computed.any():
@@ -140,9 +142,11 @@ def simulate(
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
     if engine != "reference" and kernel is not None and timing is not None:
-        records = simulate_compiled(requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress)
+        records = simulate_compiled(
+            requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress, record_batches
+        )
         return describe_run(records, policy, stream)
-    state = SchedulerState(requests, kv, max_model_len, exact_itl)
+    state = SchedulerState(requests, kv, max_model_len, exact_itl, record_batches)
     env = simpy.Environment()
     env.process(replica(env, state, policy, timer, on_progress))
     env.run()

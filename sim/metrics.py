@@ -49,6 +49,30 @@ def client_times(records: RunRecords) -> tuple[FloatArray, FloatArray]:
     return r.released, r.released
 
 
+def batch_frame(records: RunRecords) -> pd.DataFrame:
+    """Who took part in each iteration (the content of ``batches.csv``), one row per request and iteration in the
+    order the policy scheduled them: ``iteration`` (the row of ``iterations.csv``), ``request_id``, ``phase``
+    (``prefill``: a whole prompt, or a recompute from nothing, in one go; ``prefill_chunk``: part of one;
+    ``decode``: a one-token step), ``tokens`` computed and ``context_tokens`` cached before. Raises ValueError when
+    the run did not keep them (``record_batches``)."""
+    if records.batches is None:
+        raise ValueError("this run did not record its batches; run it with record_batches (--record-batches)")
+    b = records.batches.to_frame()
+    r = records.requests
+    ids = records.request_ids if records.request_ids is not None else np.arange(r.n).astype(str)
+    whole = (b.context.to_numpy() == 0) & (b.tokens.to_numpy() >= r.prompt[b.request.to_numpy()])
+    phase = np.where(b.prefill.to_numpy() == 0, "decode", np.where(whole, "prefill", "prefill_chunk"))
+    return pd.DataFrame(
+        {
+            "iteration": b.iteration,
+            "request_id": np.asarray(ids, dtype=object)[b.request.to_numpy()],
+            "phase": phase,
+            "tokens": b.tokens,
+            "context_tokens": b.context,
+        }
+    )
+
+
 def request_frame(records: RunRecords) -> pd.DataFrame:
     """One row per request (the content of ``requests.csv``); times in seconds. ``first_token_s`` and ``finish_s``
     are when the server made the first and last token, ``first_received_s`` and ``response_s`` when the client

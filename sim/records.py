@@ -81,6 +81,46 @@ class IterationLog:
         return pd.DataFrame(columns)
 
 
+# One row per (iteration, request that took part in it): who rode in each iteration, in the order the policy
+# scheduled them. Kept only when a run asks for it (``record_batches``): a long run makes one row per token.
+BATCH_COLUMNS = (
+    "iteration",  # the iteration's row in the iteration log (0-based)
+    "request",  # the request's row in the request table (0-based)
+    "tokens",  # tokens it computed in the iteration: a prompt chunk (or recompute), or 1 for a decode step (tokens)
+    "context",  # tokens of it already cached before the iteration (tokens)
+    "prefill",  # 1: those tokens were prompt (or recompute) tokens; 0: a decode step
+)
+
+
+class BatchLog:
+    """Rows of ``BATCH_COLUMNS`` in one growable int64 block (40 bytes a row)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.rows = np.zeros((capacity, len(BATCH_COLUMNS)), dtype=np.int64)
+        self.n = 0
+
+    def append(self, iteration: int, requests: npt.NDArray[np.int64], tokens: npt.NDArray[np.int64],
+               context: npt.NDArray[np.int64], prefill: npt.ArrayLike) -> None:  # fmt: skip
+        k = len(requests)
+        while self.n + k > len(self.rows):
+            self.grow()
+        block = self.rows[self.n : self.n + k]
+        block[:, 0] = iteration
+        block[:, 1], block[:, 2], block[:, 3], block[:, 4] = requests, tokens, context, prefill
+        self.n += k
+
+    def grow(self) -> None:
+        """Double the capacity."""
+        extra = max(len(self.rows), 1024)
+        self.rows = np.concatenate([self.rows, np.zeros((extra, self.rows.shape[1]), dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows[: self.n], columns=list(BATCH_COLUMNS))
+
+
 # ---- inter-token gaps ------------------------------------------------------------------------------------------------
 # Exact: every gap, 8 bytes a token. Histogram: counts in log-spaced buckets from HIST_MIN_S by a factor HIST_RATIO,
 # so any quantile read from it is within HIST_REL_ERROR of a gap of that rank (the bucket's geometric middle against
@@ -187,3 +227,5 @@ class RunRecords:
     # the request gives back its seat (static and dynamic batching return every member's response at batch end)
     stream: bool = True
     seats: int = 0  # seats the policy offers (max batch size or max_num_seqs; 0 = unknown)
+    # who took part in each iteration, with their tokens (None unless the run was asked to record it)
+    batches: BatchLog | None = None

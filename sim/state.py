@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from costmodel.shape import IterationShape
 from sim.kvcache import KVCacheManager
-from sim.records import ItlLog, RunRecords
+from sim.records import BatchLog, ItlLog, RunRecords
 from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
@@ -63,7 +63,12 @@ class SchedulerState:
     """The replica's queues and requests, as a policy sees them."""
 
     def __init__(
-        self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, exact_itl: bool | None = None
+        self,
+        requests: RequestTable,
+        kv: KVCacheManager,
+        max_model_len: int,
+        exact_itl: bool | None = None,
+        record_batches: bool = False,
     ) -> None:
         self.reqs = requests
         self.kv = kv
@@ -76,6 +81,7 @@ class SchedulerState:
             itl=ItlLog(max_gaps(requests), exact_itl),
             kv_num_blocks=kv.num_blocks,
             kv_block_size=kv.block_size,
+            batches=BatchLog() if record_batches else None,
         )
         self._arrived = 0  # requests [0, _arrived) have arrived
         self._admissions = 0
@@ -179,6 +185,9 @@ class SchedulerState:
         requests, and append the iteration's record."""
         reqs = self.reqs
         ids = batch.req_ids
+        if self.records.batches is not None:
+            iteration = len(self.records.iterations)
+            self.records.batches.append(iteration, ids, batch.num_new, reqs.computed[ids], reqs.is_prefilling(ids))
         new_first = ids[np.isnan(reqs.first_scheduled[ids])]
         reqs.first_scheduled[new_first] = start
         reqs.computed[ids] += batch.num_new

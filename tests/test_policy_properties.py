@@ -57,12 +57,19 @@ def scenarios(draw: st.DrawFn) -> dict:
     }
 
 
-def _simulate(sc: dict, engine: str = "reference"):
+def seqs_of(it) -> np.ndarray:
+    return it.column("prefill_seqs") + it.column("decode_seqs")
+
+
+def _simulate(sc: dict, engine: str = "reference", record_batches: bool = True):
     reqs = make_requests(sc["arrivals"], sc["prompts"], sc["outputs"])
     kv = KVCacheManager(sc["kv_blocks"], sc["block_size"], len(reqs), watermark=sc["watermark"])
     cfg = sc["config"]
     timer = LinearTimer(0.01, 1e-3, 1e-5)
-    records = simulate(reqs, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine, stream=sc["stream"])
+    records = simulate(
+        reqs, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine, stream=sc["stream"],
+        record_batches=record_batches,
+    )  # fmt: skip
     return reqs, kv, records
 
 
@@ -93,6 +100,15 @@ def test_every_request_ends_and_limits_hold(sc: dict) -> None:
     computed = it.column("prefill_tokens").sum() + it.column("decode_seqs").sum()
     assert computed == (reqs.computed[done].sum() + reqs.recomputed.sum())
     assert (reqs.computed[done] == total[done] - 1).all()
+    # the batch log says the same, iteration by iteration and request by request
+    b = records.batches.to_frame()
+    per_it = b.groupby("iteration")
+    assert (per_it.size().to_numpy() == seqs_of(it)).all() and len(per_it) == len(it)
+    assert (b.tokens[b.prefill == 1].groupby(b.iteration).sum().reindex(range(len(it)), fill_value=0).to_numpy()
+            == it.column("prefill_tokens")).all()  # fmt: skip
+    assert ((b.prefill == 1) | (b.tokens == 1)).all()
+    made = b.groupby("request").tokens.sum().reindex(range(reqs.n), fill_value=0).to_numpy()
+    assert (made == reqs.computed + reqs.recomputed).all()
 
     # limits: sequences, tokens and memory per iteration
     seqs = it.column("prefill_seqs") + it.column("decode_seqs")
@@ -141,3 +157,5 @@ def test_the_compiled_engine_gives_the_reference_records_to_the_last_bit(sc: dic
     assert fast.iterations.to_frame().equals(reference.iterations.to_frame())
     assert np.array_equal(fast.itl.values(), reference.itl.values())
     assert (kv_fast.held == kv_ref.held).all() and kv_fast.used == kv_ref.used == 0
+    assert fast.batches is not None and reference.batches is not None
+    assert fast.batches.to_frame().equals(reference.batches.to_frame())

@@ -158,6 +158,12 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     g.add_argument(
         "--goodput", nargs="+", default=S, metavar="NAME:MS", help="SLOs for request_goodput: ttft:MS tpot:MS e2el:MS"
     )
+    g.add_argument(
+        "--record-batches",
+        action="store_true",
+        default=S,
+        help="also write batches.csv: who took part in each iteration, with their tokens (one row per token made)",
+    )
 
 
 _NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force"}

@@ -24,6 +24,7 @@ from sim.compiled.state import (
     GENERATED,
     HELD_DONE,
     LAST_TOKEN,
+    N_BATCH_ROWS,
     N_ITERS,
     NUM_HELD,
     OUTPUT,
@@ -111,10 +112,23 @@ def complete(
     itl_gaps: FloatArray,
     log_times: FloatArray,
     log_counts: npt.NDArray[np.int32],
+    batch_rows: IntArray,
 ) -> None:
-    """Account for the batch that ran from ``start`` to ``end`` and log it (the log has room: the loop checks)."""
+    """Account for the batch that ran from ``start`` to ``end`` and log it (the logs have room: the loop checks);
+    ``batch_rows`` (``sim.records.BATCH_COLUMNS``) gets the batch's members unless it has no rows at all."""
     row = sc[N_ITERS]
     nb = sc[B_LEN]
+    if batch_rows.shape[0] > 0:
+        m = sc[N_BATCH_ROWS]
+        for k in range(nb):
+            req = wk[BATCH_IDS, k]
+            batch_rows[m, 0] = row
+            batch_rows[m, 1] = req
+            batch_rows[m, 2] = wk[BATCH_NEW, k]
+            batch_rows[m, 3] = ri[COMPUTED, req]
+            batch_rows[m, 4] = 1 if is_prefilling(ri, req) else 0
+            m += 1
+        sc[N_BATCH_ROWS] = m
     for k in range(nb):
         req = wk[BATCH_IDS, k]
         if math.isnan(rf[FIRST_SCHEDULED, req]):

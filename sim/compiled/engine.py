@@ -27,6 +27,7 @@ from sim.compiled.state import (
     BLOCK_SIZE,
     DEC_CTX,
     MAX_MODEL_LEN,
+    N_BATCH_ROWS,
     N_ITERS,
     NUM_BLOCKS,
     NUM_SCALARS,
@@ -43,12 +44,12 @@ from sim.compiled.state import (
     unpack,
 )
 from sim.kvcache import KVCacheManager
-from sim.records import IterationLog, ItlLog, RunRecords
+from sim.records import BatchLog, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
 from sim.state import max_gaps
 
 # what a segment ended with
-DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION = range(5)
+DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION, BATCH_LOG_FULL = range(6)
 SEGMENT_ITERATIONS = 200_000
 
 
@@ -60,7 +61,7 @@ def run_segment(
     rf: np.ndarray,
     wk: np.ndarray,
     sc: np.ndarray,
-    logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     schedule: Any,
     params: np.ndarray,
     timer: Any,
@@ -71,12 +72,15 @@ def run_segment(
 ) -> tuple[int, float]:
     """Run from ``now`` until every request has ended, or the clock reaches ``stop_at``, or ``max_iterations``
     iterations have run, or the iteration log is full. Returns (what ended it, the clock). ``logs`` is
-    ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts)``."""
-    itl_sums, itl_hist, itl_gaps, log_times, log_counts = logs
+    ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts, batch rows)``; a batch log without rows
+    is not kept."""
+    itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows = logs
     iterations = 0
     while True:
         if sc[N_ITERS] >= log_times.shape[0]:
             return LOG_FULL, now  # before deciding anything: the caller grows the log and calls again
+        if batch_rows.shape[0] > 0 and sc[N_BATCH_ROWS] + ri.shape[1] > batch_rows.shape[0]:
+            return BATCH_LOG_FULL, now  # room for a batch of every request, or the caller grows it
         wake = now
         # decide (sim.engine.decide)
         while True:
@@ -104,7 +108,9 @@ def run_segment(
             if not duration > 0.0:
                 return BAD_DURATION, now
             end = now + duration
-            complete(ri, rf, wk, sc, n_pf, n_dec, now, end, itl_sums, itl_hist, itl_gaps, log_times, log_counts)
+            complete(
+                ri, rf, wk, sc, n_pf, n_dec, now, end, itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows
+            )
             now = end
             iterations += 1
         if now >= stop_at or iterations >= max_iterations:
@@ -114,7 +120,9 @@ def run_segment(
 class CompiledRun:
     """The arrays of one compiled run, and the SimPy process that drives the loop over them."""
 
-    def __init__(self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, itl: ItlLog) -> None:
+    def __init__(
+        self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, itl: ItlLog, record_batches: bool = False
+    ) -> None:
         n = len(requests)
         self.requests, self.kv, self.itl = requests, kv, itl
         self.ri, self.rf = pack(requests, kv.held)
@@ -123,6 +131,8 @@ class CompiledRun:
         self.sc[NUM_BLOCKS], self.sc[BLOCK_SIZE], self.sc[WATERMARK] = kv.num_blocks, kv.block_size, kv.watermark_blocks
         self.sc[MAX_MODEL_LEN], self.sc[UNFINISHED] = max_model_len, n
         self.log = IterationLog(capacity=max(1024, 2 * n))
+        self.batches = BatchLog(capacity=max(1024, 4 * n)) if record_batches else BatchLog(capacity=0)
+        self.record_batches = record_batches
 
     def process(
         self,
@@ -137,12 +147,14 @@ class CompiledRun:
         fn, args = timer
         now = float(env.now)
         while True:
-            logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts)
+            logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts, self.batches.rows)
             code, now = run_segment(
                 self.ri, self.rf, self.wk, self.sc, logs, schedule, params, fn, args, now, math.inf, SEGMENT_ITERATIONS
             )
             if code == LOG_FULL:
                 self.log.grow()
+            elif code == BATCH_LOG_FULL:
+                self.batches.grow()
             elif code == BAD_WAIT:
                 raise RuntimeError(f"the compiled policy asked to wait until a time not after {now}")
             elif code == BAD_DURATION:
@@ -158,6 +170,7 @@ class CompiledRun:
         unpack(self.ri, self.rf, self.requests, self.kv.held)
         self.kv.used = int(self.sc[USED])
         self.log.n = int(self.sc[N_ITERS])
+        self.batches.n = int(self.sc[N_BATCH_ROWS])
         return RunRecords(
             requests=self.requests,
             itl=self.itl,
@@ -165,6 +178,7 @@ class CompiledRun:
             kv_num_blocks=self.kv.num_blocks,
             kv_block_size=self.kv.block_size,
             engine="compiled",
+            batches=self.batches if self.record_batches else None,
         )
 
 
@@ -176,10 +190,11 @@ def simulate_compiled(
     max_model_len: int,
     exact_itl: bool | None = None,
     on_segment: Callable[[float, int], None] | None = None,
+    record_batches: bool = False,
 ) -> RunRecords:
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
     ``timer`` a cost model's ``compiled()`` pair."""
-    run = CompiledRun(requests, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl))
+    run = CompiledRun(requests, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches)
     env = simpy.Environment()
     env.process(run.process(env, policy, timer, on_segment))
     env.run()

@@ -39,7 +39,8 @@ NUM_WK = 8
 # indices of sc
 USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, W_HEAD, W_LEN, R_LEN, ARRIVED = range(8)
 ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE, B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS = range(8, 17)
-NUM_SCALARS = 17
+N_BATCH_ROWS = 17  # rows written to the batch log (``sim.records.BatchLog``), when the run keeps one
+NUM_SCALARS = 18
 
 PENDING, WAITING, RUNNING, HELD_DONE, FINISHED, REJECTED = (int(s) for s in Status)
 EMPTY = int(Reason.EMPTY)
