@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "experiments.commands.kv_usage",
     "experiments.commands.calibrate",
     "experiments.commands.validate",
+    "experiments.commands.teach",
 )
 
 
