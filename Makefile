@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test run test lint clean
+.PHONY: setup setup-test run teach test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels)
 setup: $(VENV)/.installed
@@ -29,6 +29,10 @@ run: setup
 	$(BIN)/ferry run --model llama-3-8b --hardware h100-sxm --policy chunked --request-rate 8 --num-prompts 1000 \
 	  --input-len 1024 --output-len 256 --out results/
 
+# The teaching figures (docs/teaching.md): every policy on the chapter's scenarios, English labels (TEACH_LANG=ko: Korean).
+teach: setup
+	$(BIN)/ferry teach --out figures/ --lang $(or $(TEACH_LANG),en)
+
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -38,4 +42,4 @@ test: setup-test lint
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) results figures .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -104,6 +104,15 @@ def test_chunked_prefill_keeps_request_1_decoding(runs) -> None:  # 6-9
     plain = runs["chunked-prefill"]["continuous"]
     assert "1" not in members(plain, plain.admitted_in("2"))
     assert plain.summary["p99_itl_ms"] > 3 * run.summary["p99_itl_ms"]
+    gaps = {label: longest_gap(runs["chunked-prefill"][label], "1") for label in ("continuous", "continuous-mixed")}
+    assert gaps["continuous"] > gaps["continuous-mixed"] > 5 * longest_gap(run, "1")  # docs/teaching.md's 84/76/14
+    assert run.requests.loc["3", "ttft_ms"] > plain.requests.loc["3", "ttft_ms"]  # TTFT traded for ITL
+
+
+def longest_gap(run: PolicyRun, rid: str) -> float:
+    """The longest time (ms) between two tokens of ``rid`` (each made when its iteration ends)."""
+    ends = run.iterations.end_ms.to_numpy()[[i - 1 for i in run.iterations_of(rid)]]
+    return float(np.diff(ends).max())
 
 
 def test_the_dock_dynamic_leaves_at_the_deadline_static_waits_for_a_full_boat(runs) -> None:
@@ -258,3 +267,12 @@ def test_teach_refuses_another_commands_folder(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "summary.json").write_text("{}")
     assert main(["teach", "--out", str(tmp_path), "--scenario", "aligned"]) == 2
     assert "another command's outputs" in capsys.readouterr().err
+
+
+def test_a_second_teach_replaces_the_first_and_leaves_nothing_stale(tmp_path: Path) -> None:
+    assert main(["teach", "--out", str(tmp_path), "--scenario", "aligned"]) == 0
+    assert (tmp_path / "aligned-timelines.png").is_file()
+    (tmp_path / "my-notes.txt").write_text("a teacher's file")
+    assert main(["teach", "--out", str(tmp_path), "--scenario", "chunked-prefill"]) == 0
+    assert not list(tmp_path.glob("aligned-*")) and not (tmp_path / "records" / "aligned").exists()
+    assert (tmp_path / "chunked-prefill-timelines.png").is_file() and (tmp_path / "my-notes.txt").is_file()

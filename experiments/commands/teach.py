@@ -53,5 +53,8 @@ def main(args: argparse.Namespace) -> int:
         args.force,
         say=lambda what: print(f"ferry teach: {what}", file=sys.stderr),
     )
-    print(f"wrote {len(index['files'])} figures and records into {args.out} (index: {args.out / 'teach.json'})")
+    figures = sum(1 for f in index["files"] if not f.startswith("records/"))
+    print(
+        f"wrote {figures} figure files and the records behind them into {args.out} (index: {args.out / 'teach.json'})"
+    )
     return 0

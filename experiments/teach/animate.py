@@ -89,7 +89,7 @@ def draw_panel(ax: Axes, run: PolicyRun, t: float, lang: str, spans: pd.DataFram
                          hatch="//" if kind == "stalled" else None, linestyle="--" if not rid else "-")  # fmt: skip
         ax.add_patch(seat)
         label = f"{rid}: {text('seat_' + kind, lang)}" if rid else text("empty", lang)
-        ax.text(BOAT_X + 1.5, y + 0.3, label, ha="center", va="center", fontsize=10,
+        ax.text(BOAT_X + 1.5, y + 0.3, label, ha="center", va="center", fontsize=12,
                 color="white" if kind == "prefill" else "black",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if kind == "stalled" else None)  # fmt: skip
     ax.add_patch(Rectangle((HOME_X - 0.4, -0.9), 3.4, run.seats + 1.8, facecolor="#E3EFE0", edgecolor="none"))
