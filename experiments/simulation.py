@@ -199,6 +199,8 @@ def run_simulation(
     if workload is None:
         workload = build_workload(config)
     requests, kv = replica.new_requests(workload)
+    if config.record_batches:
+        check_batch_rows(workload)
     exact = {"auto": None, "exact": True, "histogram": False}[config.itl]
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
@@ -218,6 +220,21 @@ def run_simulation(
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
     return replica.result(workload, records)
+
+
+MAX_BATCH_ROWS = 50_000_000  # rows of batches.csv one run may keep: 2 GB in memory, several GB of CSV
+
+
+def check_batch_rows(workload: Workload) -> None:
+    """Refuse ``record_batches`` for a run that would keep more than ``MAX_BATCH_ROWS`` rows (at least one per output
+    token made), before it runs."""
+    rows = int(workload.output_tokens.sum())
+    if rows > MAX_BATCH_ROWS:
+        raise ValueError(
+            f"record_batches: this workload makes {rows:,} output tokens, a batches.csv row each "
+            f"(~{rows * 40 / 1e9:.0f} GB in memory, more as CSV); ferry keeps at most {MAX_BATCH_ROWS:,}: record a "
+            "shorter run (--num-prompts) or leave --record-batches out"
+        )
 
 
 def memory_summary(memory: MemoryPlan) -> dict[str, Any]:

@@ -209,3 +209,21 @@ def test_header_names_the_vllm_defaults_and_the_delivery(tmp_path: Path, capsys:
     assert summary["mean_server_tpot_ms"] > 0
     requests = pd.read_csv(tmp_path / "requests.csv")
     assert (requests.ttft_s == requests.e2el_s).all()
+
+
+def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> None:
+
+    out = tmp_path / "run"
+    args = ["run", "--policy", "chunked", "--num-prompts", "12", "--request-rate", "50", "--input-len", "700"]
+    args += ["--output-len", "5", "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--out", str(out)]
+    assert main([*args, "--record-batches"]) == 0
+    batches, iterations = pd.read_csv(out / "batches.csv"), pd.read_csv(out / "iterations.csv")
+    assert list(batches.columns) == ["iteration", "request_id", "phase", "tokens", "context_tokens"]
+    per_iteration = batches.groupby("iteration").size()
+    assert (per_iteration.to_numpy() == (iterations.prefill_seqs + iterations.decode_seqs).to_numpy()).all()
+    assert set(batches.phase) == {"prefill_chunk", "decode"}  # 700-token prompts under a 512-token budget: chunks
+    assert (batches[batches.phase == "prefill_chunk"].groupby("request_id").size() >= 2).all()
+    assert (batches[batches.phase == "decode"].tokens == 1).all()
+    assert batches.groupby("request_id").tokens.sum().eq(700 + 5 - 1).all()  # each prompt, and a decode per token
+    assert main(args) == 0  # a run without it leaves no stale batches.csv behind
+    assert not (out / "batches.csv").exists()

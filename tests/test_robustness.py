@@ -327,3 +327,10 @@ def test_make_run_installs_no_pytorch_and_ferry_run_needs_none(tmp_path: Path) -
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_record_batches_refuses_a_run_too_long_to_keep(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    err = _error(capsys, "run", "--num-prompts", "60000", "--output-len", "1000", "--record-batches",
+                 "--out", str(tmp_path / "r"))  # fmt: skip
+    assert "record_batches" in err and "60,000,000" in err and "--num-prompts" in err
+    assert not (tmp_path / "r" / "summary.json").exists()
