@@ -15,6 +15,7 @@ from experiments.teach import style
 from experiments.teach.animate import frame_times
 from experiments.teach.runs import PolicyRun, run_scenario
 from experiments.teach.scenario import Scenario, builtin_scenarios, load_scenario, pick_scenarios
+from experiments.teach.settings import load_settings
 from experiments.teach.spans import request_spans, seat_assignment
 
 
@@ -276,3 +277,21 @@ def test_a_second_teach_replaces_the_first_and_leaves_nothing_stale(tmp_path: Pa
     assert main(["teach", "--out", str(tmp_path), "--scenario", "chunked-prefill"]) == 0
     assert not list(tmp_path.glob("aligned-*")) and not (tmp_path / "records" / "aligned").exists()
     assert (tmp_path / "chunked-prefill-timelines.png").is_file() and (tmp_path / "my-notes.txt").is_file()
+
+
+def test_the_two_other_figures_take_their_settings_from_a_file(tmp_path: Path) -> None:
+    mine = tmp_path / "figures.yaml"
+    mine.write_text("limits:\n  max_num_seqs: 2\n  requests: [[1000, 500], [800, 200], [300, 100]]\n")
+    settings = load_settings(mine, model="llama-3-70b")
+    assert settings.limits.max_num_seqs == 2 and settings.limits.max_model_len == 4096  # the rest from figures.yaml
+    assert settings.why_batching.model == "llama-3-70b"
+    out = tmp_path / "out"
+    assert main(["teach", "--out", str(out), "--scenario", "aligned", "--figures", str(mine)]) == 0
+    index = json.loads((out / "teach.json").read_text())
+    assert index["figures"]["limits"]["requests"] == [[1000, 500], [800, 200], [300, 100]]
+    mine.write_text("limits:\n  max_num_seqs: 0\n")
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        load_settings(mine)
+    mine.write_text("limits:\n  seats: 3\n")
+    with pytest.raises(ValueError, match="seats"):
+        load_settings(mine)

@@ -29,7 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lang", choices=LANGS, default="en", help="label language: en (default) or ko (Korean)")
     p.add_argument("--model", default=None, help="model of every scenario and of the roofline (default: each its own)")
-    p.add_argument("--hardware", default=None, help="GPU profile, likewise (default: each scenario's own; h100-sxm)")
+    p.add_argument("--hardware", default=None, help="GPU profile, likewise (default: each its own)")
+    p.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="settings of the why-batching and limits figures (YAML; default: the built-in figures.yaml)",
+    )
     p.add_argument("--list", action="store_true", help="list the built-in scenarios and their files, then stop")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds another command's outputs")
     p.set_defaults(func=main)
@@ -38,18 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from experiments.teach.book import make_book
     from experiments.teach.scenario import builtin_paths, pick_scenarios
+    from experiments.teach.settings import BUILTIN, load_settings
 
     if args.list:
-        for path in builtin_paths():
+        for path in [*builtin_paths(), BUILTIN]:
             print(path)
         return 0
     scenarios = pick_scenarios(args.scenario, args.model, args.hardware)
+    settings = load_settings(args.figures, args.model, args.hardware)
     index = make_book(
         scenarios,
         args.out,
         args.lang,
-        args.model or "llama-3-8b",
-        args.hardware or "h100-sxm",
+        settings,
         args.force,
         say=lambda what: print(f"ferry teach: {what}", file=sys.stderr),
     )

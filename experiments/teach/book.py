@@ -17,6 +17,7 @@ from experiments.teach.runs import PolicyRun, run_scenario
 from experiments.teach.scenario import Scenario
 from experiments.teach.scoreboard import draw_scoreboard
 from experiments.teach.seats import draw_ferry
+from experiments.teach.settings import FigureSettings
 from experiments.teach.timeline import draw_timelines
 
 INDEX = "teach.json"
@@ -72,20 +73,22 @@ def make_book(
     scenarios: list[Scenario],
     out: Path,
     lang: str,
-    model: str,
-    hardware: str,
+    settings: FigureSettings,
     force: bool = False,
     say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Write every figure into ``out``; returns the index (also written as ``teach.json``). ``model`` and
-    ``hardware`` are those of the why-batching figure (each scenario names its own)."""
+    """Write every figure into ``out``; returns the index (also written as ``teach.json``). ``settings`` are those of
+    the why-batching and limits figures (each scenario names its own model and hardware)."""
     outputs.prepare(out, (INDEX, RECORDS, *earlier_files(out)), "teach", force)
-    index: dict[str, Any] = {"lang": lang, "model": model, "hardware": hardware, "files": [], "scenarios": {}}
+    index: dict[str, Any] = {"lang": lang, "figures": settings.model_dump(mode="json"), "files": [], "scenarios": {}}
     files: list[Path] = []
+    why, limits = settings.why_batching, settings.limits
     say("why batching helps (6-1, 6-2)")
-    files += draw_why_batching(model, hardware, lang, out)
+    files += draw_why_batching(why.model, why.hardware, lang, out, batches=why.batches, prompt_tokens=why.prompt_tokens,
+                               context_tokens=why.context_tokens, tp=why.tensor_parallel_size)  # fmt: skip
     say("the limits of an iteration (6-5)")
-    files += draw_limits(lang, out)
+    files += draw_limits(lang, out, limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len,
+                         limits.requests)  # fmt: skip
     for scenario in scenarios:
         say(f"scenario {scenario.name} ({', '.join(scenario.figures) or 'the ferry'})")
         runs = run_scenario(scenario)

@@ -25,8 +25,8 @@ from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 from experiments.teach import labels, style
 
 Request = tuple[int, int]  # (prompt tokens, output tokens it will go on to make), tokens
-# three requests fill the three seats with 2,000 of 2,048 tokens; B is as long as the model allows; D finds no seat,
-# and its 600-token prompt would not fit the token budget either
+# three requests fill the three seats with 3,900 of 4,096 tokens; B is as long as the model allows; D finds no seat,
+# and its 900-token prompt would not fit the token budget either
 REQUESTS: tuple[Request, ...] = ((2000, 1000), (1200, 2896), (700, 300), (900, 1000))
 WAIT_REASONS = ("seats", "tokens", "queue")  # no free seat; over the token budget; behind a request that waits
 
