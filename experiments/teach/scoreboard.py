@@ -36,6 +36,12 @@ def score_table(runs: list[PolicyRun]) -> pd.DataFrame:
     )  # fmt: skip
 
 
+def header(words: str) -> str:
+    """A column header on two lines, the unit on the second: narrow columns that fit a slide."""
+    head, sep, unit = words.rpartition(" (")
+    return f"{head}\n({unit}" if sep else words
+
+
 def draw_scoreboard(scenario: Scenario, runs: list[PolicyRun], lang: str, out: Path) -> list[Path]:
     """``{scenario}-scoreboard``: the table as a figure."""
     table = score_table(runs)
@@ -47,13 +53,15 @@ def draw_scoreboard(scenario: Scenario, runs: list[PolicyRun], lang: str, out: P
         grid = ax.table(
             cellText=cells,
             rowLabels=[policy_name(label, lang) for label in table.index],
-            colLabels=[text(key, lang) for key in table.columns],
+            colLabels=[header(text(key, lang)) for key in table.columns],
             loc="center",
             cellLoc="center",
         )
         grid.auto_set_font_size(False)
         grid.set_fontsize(13)
         grid.scale(1.0, 2.0)
+        for j in range(len(table.columns)):
+            grid[0, j].set_height(grid[0, j].get_height() * 1.6)  # two-line headers
         for j, key in enumerate(table.columns):
             lower = COLUMNS[key][1]
             column = table[key]
