@@ -42,7 +42,7 @@ from sim.compiled.state import (
     kv_allocate,
     kv_allocate_all,
     kv_can_allocate,
-    next_arrival,
+    more_arrivals,
     preempt,
     release_running,
     remaining,
@@ -273,7 +273,7 @@ def _departure_size(rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArr
     if params[2] == 0:  # static
         if queued >= max_batch:
             return max_batch
-        if queued > 0 and next_arrival(rf, sc) == math.inf:  # the trace has ended: flush
+        if queued > 0 and not more_arrivals(sc):  # the trace has ended: flush
             return queued
         return -1
     if queued == 0:  # dynamic (Triton)

@@ -39,7 +39,8 @@ class Scheduler(Protocol):
 
 def decide(state: SchedulerState, policy: Scheduler, now: float) -> Batch | float | None:
     """One turn at time ``now`` (s): receive arrivals and ask the policy. Returns the batch to run now, or the time to
-    wake up and ask again (s, > now), or None when every request has ended."""
+    wake up and ask again (s, > now; inf for a replica of a cluster with nothing to do until its router hands it a
+    request), or None when every request (routed here) has ended."""
     while True:
         state.now = now
         state.receive_arrivals(now)
@@ -53,6 +54,8 @@ def decide(state: SchedulerState, policy: Scheduler, now: float) -> Batch | floa
         if decision.until is not None and decision.until <= now:
             raise RuntimeError(f"{type(policy).__name__} asked to wait until {decision.until} at time {now}")
         wake = min(decision.until if decision.until is not None else math.inf, state.next_arrival)
+        if wake == math.inf and state.more:
+            return wake  # a replica of a cluster: asleep until its router hands it a request
         if wake == math.inf:
             # the policy will never act again and nothing else will arrive: end what is left, with a reason
             for req in list(state.running) + list(state.waiting):

@@ -174,6 +174,14 @@ class ItlLog:
         self.sums = np.zeros(3)  # SUM, SUM_SQ, COUNT
         self.gaps = np.zeros(capacity if self.exact else 0)
         self.hist = np.zeros(0 if self.exact else HIST_BUCKETS, dtype=np.int64)
+        self.reserved = capacity  # gaps there must be room for (``reserve``)
+
+    def reserve(self, extra: int) -> None:
+        """Make room for ``extra`` more gaps (a replica of a cluster learns its requests as they are routed)."""
+        self.reserved += extra
+        if self.exact and self.reserved > len(self.gaps):
+            need = max(2 * len(self.gaps), self.reserved, 1024)
+            self.gaps = np.concatenate([self.gaps, np.zeros(need - len(self.gaps))])
 
     def add(self, gaps: FloatArray) -> None:
         if len(gaps):

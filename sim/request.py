@@ -88,3 +88,11 @@ class RequestTable:
     def is_prefilling(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.bool_] | np.bool_:
         """True where the next step is (part of) a prefill or a recompute, not a one-token decode step."""
         return (self.generated[ids] == 0) | (self.remaining(ids) > 1)
+
+    def take(self, rows: npt.NDArray[np.int64]) -> RequestTable:
+        """A new table of the requests ``rows`` (in that order), their counters and times copied."""
+        out = RequestTable(self.arrival[rows], self.prompt[rows], self.output_wanted[rows])
+        for name in ("computed", "generated", "status", "reason", "preemptions", "recomputed", "admit_order",
+                     "first_scheduled", "first_token", "last_token", "finish", "released"):  # fmt: skip
+            setattr(out, name, getattr(self, name)[rows].copy())
+        return out

@@ -69,7 +69,10 @@ class SchedulerState:
         max_model_len: int,
         exact_itl: bool | None = None,
         record_batches: bool = False,
+        routed: bool = False,
     ) -> None:
+        """``routed``: a replica of a cluster, which receives the requests a router hands it (``route``) rather
+        than every request of the table."""
         self.reqs = requests
         self.kv = kv
         self.max_model_len = int(max_model_len)
@@ -78,35 +81,62 @@ class SchedulerState:
         self.running: list[int] = []  # seated requests, in admission order (the last is preempted first)
         self.records = RunRecords(
             requests=requests,
-            itl=ItlLog(max_gaps(requests), exact_itl),
+            itl=ItlLog(0 if routed else max_gaps(requests), exact_itl),
             kv_num_blocks=kv.num_blocks,
             kv_block_size=kv.block_size,
             batches=BatchLog() if record_batches else None,
         )
-        self._arrived = 0  # requests [0, _arrived) have arrived
+        # the inbox: the requests this replica serves, in arrival order, and their arrivals (s); [0, routed) are
+        # valid. A single replica's are all the requests; a cluster's router adds them one by one (``route``).
+        self.inbox = np.arange(0 if routed else requests.n, dtype=np.int64)
+        self.inbox_arrival = requests.arrival[: len(self.inbox)]
+        self.routed = len(self.inbox)
+        self.more = routed  # whether a router may still route requests here
+        self._arrived = 0  # inbox[0, _arrived) have arrived
         self._admissions = 0
         self._preempted_since_batch = 0
-        self.unfinished = len(requests)  # requests not yet finished or rejected
+        self.unfinished = self.routed  # requests (routed here) not yet finished or rejected
         self.num_held = 0  # seated requests that are done and wait for their batch to end
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     @property
     def next_arrival(self) -> float:
-        """Arrival time of the next request not yet arrived (s); inf when the trace is exhausted."""
-        return float(self.reqs.arrival[self._arrived]) if self._arrived < self.reqs.n else float("inf")
+        """Arrival time of the next request in the inbox not yet arrived (s); inf when there is none (for now)."""
+        return float(self.inbox_arrival[self._arrived]) if self._arrived < self.routed else float("inf")
 
     @property
     def more_arrivals(self) -> bool:
-        """Whether any request is still to arrive."""
-        return self._arrived < self.reqs.n
+        """Whether any request is still to arrive here: in the inbox, or from a router still routing."""
+        return self._arrived < self.routed or self.more
+
+    def route(self, req: int) -> None:
+        """A router hands this replica request ``req`` (arriving no earlier than those before it)."""
+        if self.routed == len(self.inbox):
+            size = max(64, 2 * len(self.inbox))
+            self.inbox = np.concatenate([self.inbox, np.zeros(size - len(self.inbox), dtype=np.int64)])
+            self.inbox_arrival = np.concatenate([self.inbox_arrival, np.zeros(size - len(self.inbox_arrival))])
+        self.inbox[self.routed] = req
+        self.inbox_arrival[self.routed] = self.reqs.arrival[req]
+        self.routed += 1
+        self.unfinished += 1
+        self.records.itl.reserve(max(int(self.reqs.output_wanted[req]) - 1, 0))
+
+    def work_left(self) -> int:
+        """Tokens still to compute for the unfinished requests here: prompt left to prefill plus output left to
+        decode (running, waiting, and routed here but not yet received): a router's ``least_tokens`` load."""
+        r = self.reqs
+        queued = np.array(list(self.running) + list(self.waiting), dtype=np.int64)
+        pending = self.inbox[self._arrived : self.routed]
+        left = np.maximum(r.prompt[queued] - r.computed[queued], 0) + r.output_wanted[queued] - r.generated[queued]
+        return int(left.sum() + r.prompt[pending].sum() + r.output_wanted[pending].sum())
 
     def receive_arrivals(self, now: float) -> None:
         """Queue every request that has arrived by ``now``, rejecting those that can never run."""
         reqs = self.reqs
-        end = int(np.searchsorted(reqs.arrival, now, side="right"))
+        end = self._arrived + int(np.searchsorted(self.inbox_arrival[self._arrived : self.routed], now, side="right"))
         if end <= self._arrived:
             return
-        ids = np.arange(self._arrived, end)
+        ids = self.inbox[self._arrived : end]
         self._arrived = end
         total = reqs.prompt[ids] + reqs.output_wanted[ids]
         reason = np.zeros(len(ids), dtype=np.int8)
@@ -114,8 +144,8 @@ class SchedulerState:
         reason[(reason == 0) & (self.kv.blocks_for(total) > self.kv.num_blocks)] = Reason.EXCEEDS_KV_CACHE
         reason[(reqs.prompt[ids] <= 0) | (reqs.output_wanted[ids] <= 0)] = Reason.EMPTY
         ok = reason == 0
-        for i in ids[~ok]:
-            self.reject(int(i), Reason(int(reason[i - ids[0]])))
+        for i, why in zip(ids[~ok].tolist(), reason[~ok].tolist(), strict=True):
+            self.reject(i, Reason(why))
         reqs.status[ids[ok]] = Status.WAITING
         self.waiting.extend(ids[ok].tolist())
 

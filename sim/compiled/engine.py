@@ -23,25 +23,41 @@ from numba import njit
 
 from sim.compiled.batch import build_shape, complete
 from sim.compiled.state import (
+    ARRIVAL,
     B_LEN,
     BLOCK_SIZE,
     DEC_CTX,
+    FLIGHT_END,
+    FLIGHT_START,
+    IN_FLIGHT,
+    INBOX,
     MAX_MODEL_LEN,
+    MORE,
     N_BATCH_ROWS,
+    N_DEC,
     N_ITERS,
+    N_PF,
     NUM_BLOCKS,
     NUM_SCALARS,
     NUM_WK,
+    OUTPUT,
     PF_CTX,
     PF_NEW,
+    ROUTED,
+    SLEEPING,
     UNFINISHED,
     USED,
+    W_HEAD,
+    W_LEN,
+    WAITING_Q,
+    WAKE,
     WATERMARK,
     next_arrival,
     pack,
     receive_arrivals,
     reject_stalled,
     unpack,
+    work_left,
 )
 from sim.kvcache import KVCacheManager
 from sim.records import BatchLog, IterationLog, ItlLog, RunRecords
@@ -49,7 +65,7 @@ from sim.request import RequestTable
 from sim.state import max_gaps
 
 # what a segment ended with
-DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION, BATCH_LOG_FULL = range(6)
+DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION, BATCH_LOG_FULL, IDLE = range(7)
 SEGMENT_ITERATIONS = 200_000
 
 
@@ -61,6 +77,7 @@ def run_segment(
     rf: np.ndarray,
     wk: np.ndarray,
     sc: np.ndarray,
+    clock: np.ndarray,
     logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     schedule: Any,
     params: np.ndarray,
@@ -70,109 +87,188 @@ def run_segment(
     stop_at: float,
     max_iterations: int,
 ) -> tuple[int, float]:
-    """Run from ``now`` until every request has ended, or the clock reaches ``stop_at``, or ``max_iterations``
-    iterations have run, or the iteration log is full. Returns (what ended it, the clock). ``logs`` is
+    """Run every event before ``stop_at`` (s): account for the iteration in flight when it ends, wake up, decide,
+    start the next iteration or sleep; return when the next event is at ``stop_at`` or later (an iteration ending
+    then stays in flight, a wake-up then stays pending: a router may route a request at ``stop_at`` first), when
+    every request has ended (DONE), when nothing is left and a router may still route more (IDLE), after
+    ``max_iterations`` iterations, or when a log is full. Returns (what ended it, the replica's clock). ``logs`` is
     ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts, batch rows)``; a batch log without rows
-    is not kept."""
+    is not kept. The iteration in flight and the wake-up time persist in ``sc`` and ``clock`` between calls."""
     itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows = logs
     iterations = 0
     while True:
         if sc[N_ITERS] >= log_times.shape[0]:
-            return LOG_FULL, now  # before deciding anything: the caller grows the log and calls again
-        if batch_rows.shape[0] > 0 and sc[N_BATCH_ROWS] + ri.shape[1] > batch_rows.shape[0]:
-            return BATCH_LOG_FULL, now  # room for a batch of every request, or the caller grows it
-        wake = now
+            return LOG_FULL, now  # before anything is logged: the caller grows the log and calls again
+        if batch_rows.shape[0] > 0 and sc[N_BATCH_ROWS] + wk.shape[1] > batch_rows.shape[0]:
+            return BATCH_LOG_FULL, now  # room for a batch of every request here, or the caller grows it
+        if sc[IN_FLIGHT]:
+            end = clock[FLIGHT_END]
+            if end >= stop_at:
+                return PAUSED, now
+            complete(ri, rf, wk, sc, sc[N_PF], sc[N_DEC], clock[FLIGHT_START], end, itl_sums, itl_hist, itl_gaps,
+                     log_times, log_counts, batch_rows)  # fmt: skip
+            sc[IN_FLIGHT] = 0
+            now = end
+            iterations += 1
+            if iterations >= max_iterations:
+                return PAUSED, now
+            continue
+        if sc[SLEEPING]:
+            wake = clock[WAKE]
+            if wake == math.inf and sc[MORE] == 0:
+                sc[SLEEPING] = 0  # its router has closed: nothing will wake it; decide once more, now
+            elif wake >= stop_at:
+                return (IDLE if wake == math.inf else PAUSED), now
+            else:
+                now = now + (wake - now)
+                sc[SLEEPING] = 0
         # decide (sim.engine.decide)
+        wake = now
         while True:
             receive_arrivals(ri, rf, wk, sc, now)
             if sc[UNFINISHED] == 0:
-                return DONE, now
+                return _nothing_left(sc, clock), now
             until = schedule(ri, rf, wk, sc, params, now)
             if sc[B_LEN] > 0:
                 break
             if sc[UNFINISHED] == 0:
-                return DONE, now
+                return _nothing_left(sc, clock), now
             if until <= now:
                 return BAD_WAIT, now
-            wake = min(until, next_arrival(rf, sc))
-            if wake == math.inf:
+            wake = min(until, next_arrival(rf, wk, sc))
+            if wake == math.inf and sc[MORE] == 0:
                 reject_stalled(ri, wk, sc)
                 return DONE, now
             if wake > now:
                 break
-        if sc[B_LEN] == 0:  # sleep until wake
-            now = now + (wake - now)
-        else:  # run the batch
+        if sc[B_LEN] == 0:  # sleep until wake (inf: until a router hands this replica a request)
+            sc[SLEEPING] = 1
+            clock[WAKE] = wake
+        else:  # start the batch; it is accounted for when it ends
             n_pf, n_dec, sampled = build_shape(ri, wk, sc)
             duration = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled)
             if not duration > 0.0:
                 return BAD_DURATION, now
-            end = now + duration
-            complete(
-                ri, rf, wk, sc, n_pf, n_dec, now, end, itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows
-            )
-            now = end
-            iterations += 1
-        if now >= stop_at or iterations >= max_iterations:
-            return PAUSED, now
+            clock[FLIGHT_START] = now
+            clock[FLIGHT_END] = now + duration
+            sc[N_PF] = n_pf
+            sc[N_DEC] = n_dec
+            sc[IN_FLIGHT] = 1
 
 
-class CompiledRun:
-    """The arrays of one compiled run, and the SimPy process that drives the loop over them."""
+@njit(cache=True)
+def _nothing_left(sc: np.ndarray, clock: np.ndarray) -> int:
+    """Every request here has ended: DONE, or IDLE (asleep until routed to) while a router may route more."""
+    if sc[MORE] == 0:
+        return DONE
+    sc[SLEEPING] = 1
+    clock[WAKE] = math.inf
+    return IDLE
+
+
+class CompiledReplica:
+    """One replica's arrays for the compiled loop: its queues (``wk``), scalars (``sc``), clock and logs, over the
+    request blocks (``ri``, ``rf``), which the replicas of a cluster share (a request belongs to one of them).
+
+    A single replica's inbox is every request (``routed=False``); a cluster's replica starts empty and is handed
+    requests by its router (``route``), its columns growing as they come."""
 
     def __init__(
-        self, requests: RequestTable, kv: KVCacheManager, max_model_len: int, itl: ItlLog, record_batches: bool = False
+        self,
+        ri: np.ndarray,
+        rf: np.ndarray,
+        kv: KVCacheManager,
+        max_model_len: int,
+        itl: ItlLog,
+        record_batches: bool = False,
+        routed: bool = False,
+        capacity: int = 1024,
     ) -> None:
-        n = len(requests)
-        self.requests, self.kv, self.itl = requests, kv, itl
-        self.ri, self.rf = pack(requests, kv.held)
-        self.wk = np.zeros((NUM_WK, max(n, 1)), dtype=np.int64)
+        n = ri.shape[1]
+        self.ri, self.rf, self.kv, self.itl = ri, rf, kv, itl
+        self.wk = np.zeros((NUM_WK, max(capacity if routed else n, 1)), dtype=np.int64)
         self.sc = np.zeros(NUM_SCALARS, dtype=np.int64)
         self.sc[NUM_BLOCKS], self.sc[BLOCK_SIZE], self.sc[WATERMARK] = kv.num_blocks, kv.block_size, kv.watermark_blocks
-        self.sc[MAX_MODEL_LEN], self.sc[UNFINISHED] = max_model_len, n
-        self.log = IterationLog(capacity=max(1024, 2 * n))
-        self.batches = BatchLog(capacity=max(1024, 4 * n)) if record_batches else BatchLog(capacity=0)
+        self.sc[MAX_MODEL_LEN] = max_model_len
+        if not routed:
+            self.wk[INBOX, :n] = np.arange(n)
+            self.sc[ROUTED] = self.sc[UNFINISHED] = n
+        self.sc[MORE] = int(routed)
+        self.clock = np.zeros(3)
+        self.now = 0.0
+        self.log = IterationLog(capacity=max(1024, 2 * (capacity if routed else n)))
+        self.batches = BatchLog(capacity=max(1024, 4 * self.wk.shape[1])) if record_batches else BatchLog(capacity=0)
         self.record_batches = record_batches
 
-    def process(
-        self,
-        env: simpy.Environment,
-        policy: tuple[Any, np.ndarray],
-        timer: tuple[Any, Any],
-        on_segment: Callable[[float, int], None] | None = None,
-    ) -> Generator[simpy.Event, Any, None]:
-        """The replica process on the compiled loop: one SimPy timeout per segment. The loop's clock is the run's
-        clock; SimPy's follows it."""
+    def advance(self, policy: tuple[Any, np.ndarray], timer: tuple[Any, Any], stop_at: float,
+                max_iterations: int = SEGMENT_ITERATIONS) -> int:  # fmt: skip
+        """Run the loop until ``stop_at`` (or ``max_iterations`` iterations): DONE, IDLE or PAUSED."""
         schedule, params = policy
         fn, args = timer
-        now = float(env.now)
         while True:
             logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts, self.batches.rows)
-            code, now = run_segment(
-                self.ri, self.rf, self.wk, self.sc, logs, schedule, params, fn, args, now, math.inf, SEGMENT_ITERATIONS
-            )
+            code, self.now = run_segment(self.ri, self.rf, self.wk, self.sc, self.clock, logs, schedule, params, fn,
+                                         args, self.now, stop_at, max_iterations)  # fmt: skip
             if code == LOG_FULL:
                 self.log.grow()
             elif code == BATCH_LOG_FULL:
                 self.batches.grow()
             elif code == BAD_WAIT:
-                raise RuntimeError(f"the compiled policy asked to wait until a time not after {now}")
+                raise RuntimeError(f"the compiled policy asked to wait until a time not after {self.now}")
             elif code == BAD_DURATION:
-                raise RuntimeError(f"the cost model gave a non-positive iteration time at {now}")
-            if now > env.now:
-                yield env.timeout(now - env.now)
-            if on_segment is not None:
-                on_segment(now, int(self.sc[UNFINISHED]))
-            if code == DONE:
-                return
+                raise RuntimeError(f"the cost model gave a non-positive iteration time at {self.now}")
+            else:
+                return code
 
-    def records(self) -> RunRecords:
-        unpack(self.ri, self.rf, self.requests, self.kv.held)
-        self.kv.used = int(self.sc[USED])
+    def next_event(self) -> float:
+        """When this replica acts next (s): the end of its iteration in flight, its wake-up (inf: when routed to),
+        or now (it stopped after a number of iterations)."""
+        if self.sc[IN_FLIGHT]:
+            return float(self.clock[FLIGHT_END])
+        if self.sc[SLEEPING]:
+            return float(self.clock[WAKE])
+        return self.now
+
+    def route(self, req: int) -> None:
+        """Hand this replica request ``req``, arriving now (no earlier than those before it); a sleeping replica
+        wakes at its arrival at the latest."""
+        k = int(self.sc[ROUTED])
+        if k == self.wk.shape[1]:
+            self.grow()
+        self.wk[INBOX, k] = req
+        self.sc[ROUTED] = k + 1
+        self.sc[UNFINISHED] += 1
+        self.itl.reserve(max(int(self.ri[OUTPUT, req]) - 1, 0))
+        if self.sc[SLEEPING]:
+            self.clock[WAKE] = min(self.clock[WAKE], self.rf[ARRIVAL, req])
+
+    def close(self) -> None:
+        """No request will be routed here any more."""
+        self.sc[MORE] = 0
+
+    def grow(self) -> None:
+        """Double the columns of ``wk``, unrolling the waiting queue's ring to the front."""
+        old, n = self.wk, self.wk.shape[1]
+        wk = np.zeros((NUM_WK, 2 * n), dtype=np.int64)
+        wk[:, :n] = old
+        head, length = int(self.sc[W_HEAD]), int(self.sc[W_LEN])
+        wk[WAITING_Q, :length] = old[WAITING_Q, (head + np.arange(length)) % n]
+        self.sc[W_HEAD] = 0
+        self.wk = wk
+
+    def load(self, reads: tuple[str, ...]) -> tuple[int, int, int]:
+        """What a router sees: unfinished requests, tokens of work left (0 unless ``reads`` has "work_left", which
+        walks the queues), KV blocks in use."""
+        work = int(work_left(self.ri, self.wk, self.sc)) if "work_left" in reads else 0
+        return int(self.sc[UNFINISHED]), work, int(self.sc[USED])
+
+    def run_records(self, requests: RequestTable) -> RunRecords:
+        """This replica's records over ``requests`` (the table the blocks were packed from)."""
         self.log.n = int(self.sc[N_ITERS])
         self.batches.n = int(self.sc[N_BATCH_ROWS])
+        self.kv.used = int(self.sc[USED])
         return RunRecords(
-            requests=self.requests,
+            requests=requests,
             itl=self.itl,
             iterations=self.log,
             kv_num_blocks=self.kv.num_blocks,
@@ -193,9 +289,23 @@ def simulate_compiled(
     record_batches: bool = False,
 ) -> RunRecords:
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
-    ``timer`` a cost model's ``compiled()`` pair."""
-    run = CompiledRun(requests, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches)
+    ``timer`` a cost model's ``compiled()`` pair. SimPy keeps the time: one timeout per segment of
+    ``SEGMENT_ITERATIONS`` iterations, where ``on_segment(now, unfinished)`` is called."""
+    ri, rf = pack(requests, kv.held)
+    replica = CompiledReplica(ri, rf, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches)
     env = simpy.Environment()
-    env.process(run.process(env, policy, timer, on_segment))
+
+    def process() -> Generator[simpy.Event, Any, None]:
+        while True:
+            code = replica.advance(policy, timer, math.inf)
+            if replica.now > env.now:
+                yield env.timeout(replica.now - env.now)
+            if on_segment is not None:
+                on_segment(replica.now, int(replica.sc[UNFINISHED]))
+            if code == DONE:
+                return
+
+    env.process(process())
     env.run()
-    return run.records()
+    unpack(ri, rf, requests, kv.held)
+    return replica.run_records(requests)

@@ -33,14 +33,20 @@ NUM_RI = 11
 # rows of rf
 ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RELEASED = range(6)
 NUM_RF = 6
-# rows of wk
-WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, PF_NEW, PF_CTX, DEC_CTX = range(8)
-NUM_WK = 8
+# rows of wk (INBOX: the requests routed to this replica, in arrival order; a single replica's are all of them)
+WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, PF_NEW, PF_CTX, DEC_CTX, INBOX = range(9)
+NUM_WK = 9
 # indices of sc
 USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, W_HEAD, W_LEN, R_LEN, ARRIVED = range(8)
 ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE, B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS = range(8, 17)
 N_BATCH_ROWS = 17  # rows written to the batch log (``sim.records.BatchLog``), when the run keeps one
-NUM_SCALARS = 18
+# ROUTED: requests in the inbox; MORE: 1 while a router may still route more (a replica of a cluster); IN_FLIGHT:
+# an iteration has been decided and not yet accounted for (its shape has N_PF prefill chunks and N_DEC decodes);
+# SLEEPING: waiting until ``clock[WAKE]`` (inf: until something is routed to it)
+ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING = range(18, 24)
+NUM_SCALARS = 24
+# the float scalars of a run (``clock``): the iteration in flight, and the wake-up time of a sleeping replica
+FLIGHT_START, FLIGHT_END, WAKE = range(3)
 
 PENDING, WAITING, RUNNING, HELD_DONE, FINISHED, REJECTED = (int(s) for s in Status)
 EMPTY = int(Reason.EMPTY)
@@ -187,16 +193,23 @@ def is_prefilling(ri: IntArray, req: int) -> bool:
 
 
 @njit(cache=True)
-def next_arrival(rf: FloatArray, sc: IntArray) -> float:
+def next_arrival(rf: FloatArray, wk: IntArray, sc: IntArray) -> float:
+    """Arrival time of the next request in the inbox not yet received; inf when there is none (for now)."""
     a = sc[ARRIVED]
-    return rf[ARRIVAL, a] if a < rf.shape[1] else math.inf
+    return rf[ARRIVAL, wk[INBOX, a]] if a < sc[ROUTED] else math.inf
+
+
+@njit(cache=True)
+def more_arrivals(sc: IntArray) -> bool:
+    """Whether any request is still to arrive here: in the inbox, or from a router that is still routing."""
+    return sc[ARRIVED] < sc[ROUTED] or sc[MORE] != 0
 
 
 @njit(cache=True)
 def receive_arrivals(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
-    n = rf.shape[1]
-    i = sc[ARRIVED]
-    while i < n and rf[ARRIVAL, i] <= now:
+    j = sc[ARRIVED]
+    while j < sc[ROUTED] and rf[ARRIVAL, wk[INBOX, j]] <= now:
+        i = wk[INBOX, j]
         total = ri[PROMPT, i] + ri[OUTPUT, i]
         reason = 0
         if total > sc[MAX_MODEL_LEN]:
@@ -212,8 +225,26 @@ def receive_arrivals(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, n
         else:
             ri[STATUS, i] = WAITING
             push_back(wk, sc, i)
-        i += 1
-    sc[ARRIVED] = i
+        j += 1
+    sc[ARRIVED] = j
+
+
+@njit(cache=True)
+def work_left(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
+    """Tokens this replica still has to compute for its unfinished requests: prompt left to prefill plus output left
+    to decode, over the running and waiting requests and those routed here and not yet received (a router's
+    ``least_tokens`` load)."""
+    total = 0
+    for j in range(sc[R_LEN]):
+        r = wk[RUNNING_Q, j]
+        total += max(ri[PROMPT, r] - ri[COMPUTED, r], 0) + ri[OUTPUT, r] - ri[GENERATED, r]
+    for k in range(sc[W_LEN]):
+        r = waiting_at(wk, sc, k)
+        total += max(ri[PROMPT, r] - ri[COMPUTED, r], 0) + ri[OUTPUT, r] - ri[GENERATED, r]
+    for j in range(sc[ARRIVED], sc[ROUTED]):
+        r = wk[INBOX, j]
+        total += ri[PROMPT, r] + ri[OUTPUT, r]
+    return total
 
 
 @njit(cache=True)

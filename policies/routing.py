@@ -1,0 +1,149 @@
+"""Routers: which replica of a cluster serves a request, decided when it arrives from what each replica reports.
+
+A router is a policy like the batching policies: a small class, registered by name, that knows nothing of SimPy or
+of seconds. It declares which loads it reads (``reads``: computing ``work_left`` walks a replica's queues, so it is
+only computed for the routers that use it) and returns a replica's index. The cluster (``sim.cluster``) asks it once
+per request, in arrival order, after every replica has run its events before that arrival.
+
+The built-in ones follow the load-balancing policies of serving routers (vLLM's production-stack router offers round
+robin and session affinity; llm-d's and BLIS's schedulers score replicas by queue length and KV-cache usage;
+power-of-two choices is Mitzenmacher's): round_robin, random, least_requests, least_tokens, least_kv, power_of_two.
+Ties go to the lowest index. A user's router is ``package.module:Class`` with ``__init__(num_replicas, rng)`` and
+``route(load, prompt, output)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from sim.cluster import LOADS, ReplicaLoad
+
+
+@runtime_checkable
+class Router(Protocol):
+    name: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]]  # which of LOADS it reads
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        """The index of the replica that serves a request of ``prompt`` tokens wanting ``output`` tokens."""
+        ...
+
+
+_ROUTERS: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    _ROUTERS[cls.name] = cls  # type: ignore[attr-defined]
+    return cls
+
+
+def router_names() -> list[str]:
+    return sorted(_ROUTERS)
+
+
+def get_router(name: str, num_replicas: int, rng: np.random.Generator) -> Router:
+    """The router ``name`` names (registered, or ``package.module:Class``) for ``num_replicas`` replicas."""
+    if name in _ROUTERS:
+        cls: Any = _ROUTERS[name]
+    elif ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ValueError(f"router {name!r} could not be loaded: {exc}") from None
+    else:
+        raise ValueError(f"unknown router {name!r}; choose one of {', '.join(router_names())} or give module:Class")
+    router = cls(num_replicas, rng)
+    if not callable(getattr(router, "route", None)):
+        raise ValueError(f"router {name!r} has no route(load, prompt, output) method")
+    reads = getattr(router, "reads", LOADS)
+    unknown = [r for r in reads if r not in LOADS]
+    if unknown:
+        raise ValueError(f"router {name!r} reads {', '.join(unknown)}; a router may read {', '.join(LOADS)}")
+    return router
+
+
+class _Base:
+    reads: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, num_replicas: int, rng: np.random.Generator) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"a cluster needs at least one replica, got {num_replicas}")
+        self.n = num_replicas
+        self.rng = rng
+
+
+@register
+class RoundRobin(_Base):
+    """Replicas in turn: 0, 1, ..., n-1, 0, ..."""
+
+    name = "round_robin"
+
+    def __init__(self, num_replicas: int, rng: np.random.Generator) -> None:
+        super().__init__(num_replicas, rng)
+        self.next = 0
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        k = self.next
+        self.next = (k + 1) % self.n
+        return k
+
+
+@register
+class Random(_Base):
+    """A replica drawn uniformly (the run's seeded generator)."""
+
+    name = "random"
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        return int(self.rng.integers(self.n))
+
+
+@register
+class LeastRequests(_Base):
+    """The replica with the fewest unfinished requests."""
+
+    name = "least_requests"
+    reads = ("unfinished",)
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        return int(np.argmin(load.unfinished))
+
+
+@register
+class LeastTokens(_Base):
+    """The replica with the least work left in tokens (prompt to prefill plus output to decode)."""
+
+    name = "least_tokens"
+    reads = ("work_left",)
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        return int(np.argmin(load.work_left))
+
+
+@register
+class LeastKV(_Base):
+    """The replica with the lowest share of its KV cache in use."""
+
+    name = "least_kv"
+    reads = ("kv_used",)
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        return int(np.argmin(load.kv_used / np.maximum(load.kv_blocks, 1)))
+
+
+@register
+class PowerOfTwo(_Base):
+    """Two distinct replicas drawn at random; the one with fewer unfinished requests (the first drawn on a tie)."""
+
+    name = "power_of_two"
+    reads = ("unfinished",)
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        if self.n == 1:
+            return 0
+        a, b = (int(x) for x in self.rng.choice(self.n, size=2, replace=False))
+        return b if load.unfinished[b] < load.unfinished[a] else a
