@@ -196,6 +196,15 @@ class RunConfig(BaseModel):
     itl: Literal["auto", "exact", "histogram"] = Field(
         "auto", description="keep every inter-token gap, or a 0.5%-error histogram (auto: exact up to 20M gaps)"
     )
+    replicas: StrictInt = Field(
+        1, ge=1, le=4096, description="replicas of this configuration behind a router (a cluster); 1: one replica"
+    )
+    router: str = Field(
+        "round_robin",
+        description="which replica serves each request: round_robin, random, least_requests, least_tokens, "
+        "least_kv, power_of_two, or module:Class (clusters only)",
+    )
+    router_seed: StrictInt = Field(0, ge=0, description="seed of the random and power_of_two routers")
     record_batches: StrictBool = Field(
         False,
         description="keep who took part in each iteration, with their tokens (batches.csv: one row per request and "
@@ -228,6 +237,21 @@ class RunConfig(BaseModel):
                 raise ValueError(
                     f"{field}={show(value)} does not apply to --policy {policy}: only {who} read it; leave it out"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster(self) -> RunConfig:
+        """A router, or its seed, set for one replica would be ignored: refuse it; an unknown router's name fails
+        here, before any work."""
+        if self.replicas == 1:
+            ignored = [k for k in changed_fields(self) if k in ("router", "router_seed")]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)}: a router only acts with --replicas 2 or more")
+        elif ":" not in self.router:
+            from policies.routing import router_names
+
+            if self.router not in router_names():
+                raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(router_names())}")
         return self
 
     @classmethod

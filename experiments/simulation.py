@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import policies
 from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
 from experiments import outputs
 from experiments.config import RunConfig
 from policies.config import ITERATION_LIMITED
+from policies.routing import get_router
 from policies.vllm_defaults import EngineDefaults, engine_defaults
+from sim.cluster import ClusterRecords, ReplicaSetup, simulate_cluster
+from sim.cluster_metrics import summarize_cluster
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
 from sim.metrics import batch_frame, request_frame, summarize
@@ -37,8 +41,9 @@ class RunResult:
     config: RunConfig  # the resolved config (max_model_len and token budget filled in)
     memory: MemoryPlan
     workload: Workload
-    records: RunRecords
+    records: RunRecords  # a cluster's: every replica's iterations one after the other (``cluster.merged()``)
     summary: dict[str, Any]
+    cluster: ClusterRecords | None = None  # a cluster's records, replica by replica
 
 
 def build_workload(config: RunConfig) -> Workload:
@@ -117,10 +122,22 @@ class Replica:
         )
         return requests, kv
 
-    def result(self, workload: Workload, records: RunRecords, hardware: str | None = None) -> RunResult:
-        """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device)."""
+    def result(
+        self,
+        workload: Workload,
+        records: RunRecords,
+        hardware: str | None = None,
+        cluster: ClusterRecords | None = None,
+    ) -> RunResult:
+        """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device; a
+        cluster's with ``cluster``, of which ``records`` is the merged view)."""
         records.request_ids = workload.request_id
-        summary = summarize(records, self.config.goodput)
+        if cluster is not None:
+            cluster.request_ids = workload.request_id
+            gpus = [self.config.tensor_parallel_size] * len(cluster.replicas)
+            summary = summarize_cluster(cluster, self.config.goodput, gpus)
+        else:
+            summary = summarize(records, self.config.goodput)
         summary["model"] = self.model.name
         summary["hardware"] = hardware or self.hardware.name
         summary["workload"] = workload.source
@@ -128,7 +145,7 @@ class Replica:
         if self.vllm is not None:
             summary["vllm_defaults"] = dataclasses.asdict(self.vllm)
         summary["config"] = self.config.to_jsonable()
-        return RunResult(self.config, self.memory, workload, records, summary)
+        return RunResult(self.config, self.memory, workload, records, summary, cluster)
 
 
 def build_replica(config: RunConfig) -> Replica:
@@ -205,21 +222,50 @@ def run_simulation(
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
-    records = simulate(
-        requests,
-        policy,
-        replica.cost,
-        kv,
-        config.scheduler.max_model_len,
-        config.engine,
-        exact,
-        report,
-        config.stream,
-        config.record_batches,
-    )
+    cluster = None
+    if config.replicas > 1:
+        cluster = simulate_replicas(replica, requests, exact, report)
+        records = cluster.merged()
+    else:
+        records = simulate(
+            requests,
+            policy,
+            replica.cost,
+            kv,
+            config.scheduler.max_model_len,
+            config.engine,
+            exact,
+            report,
+            config.stream,
+            config.record_batches,
+        )
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
-    return replica.result(workload, records)
+    return replica.result(workload, records, cluster=cluster)
+
+
+def simulate_replicas(
+    replica: Replica,
+    requests: RequestTable,
+    exact: bool | None,
+    report: Callable[[float, int], None] | None = None,
+) -> ClusterRecords:
+    """``config.replicas`` copies of ``replica`` (each its own policy and KV cache) behind ``config.router``."""
+    config = replica.config
+    n = len(requests)
+    setups = [
+        ReplicaSetup(
+            policies.get(config.scheduler),
+            replica.cost,
+            KVCacheManager(replica.memory.num_gpu_blocks, replica.memory.block_size, n, config.kv_watermark or 0.0),
+            config.scheduler.max_model_len,
+        )
+        for _ in range(config.replicas)
+    ]
+    router = get_router(config.router, config.replicas, np.random.default_rng(config.router_seed))
+    return simulate_cluster(
+        requests, setups, router, config.engine, exact, config.record_batches, config.stream, on_progress=report
+    )
 
 
 MAX_BATCH_ROWS = 50_000_000  # rows of batches.csv one run may keep: 2 GB in memory, several GB of CSV
@@ -250,10 +296,21 @@ def write_outputs(result: RunResult, out: Path, force: bool = False, command: st
     ``force``; the summary is written last); returns their paths."""
     summary = json.dumps(result.summary, indent=2, allow_nan=False) + "\n"  # fails before anything is written
     outputs.prepare(out, RUN_OUTPUTS, command, force)
+    records, cluster = result.records, result.cluster
+    requests = request_frame(records)
+    requests["replica"] = cluster.replica_of if cluster is not None else 0
+    iterations = records.iterations.to_frame()
+    iterations["replica"] = cluster.iteration_replica() if cluster is not None else 0
     written = [
-        outputs.write_frame(out / "requests.csv", request_frame(result.records)),
-        outputs.write_frame(out / "iterations.csv", result.records.iterations.to_frame()),
+        outputs.write_frame(out / "requests.csv", requests),
+        outputs.write_frame(out / "iterations.csv", iterations),
     ]
-    if result.records.batches is not None:
-        written.append(outputs.write_frame(out / "batches.csv", batch_frame(result.records)))
+    if cluster is not None and cluster.replicas[0].batches is not None:
+        parts = []
+        for k in range(len(cluster.replicas)):
+            part = batch_frame(cluster.replicas[k], request_ids=records.request_ids)
+            parts.append(part.assign(replica=k))
+        written.append(outputs.write_frame(out / "batches.csv", pd.concat(parts, ignore_index=True)))
+    elif records.batches is not None:
+        written.append(outputs.write_frame(out / "batches.csv", batch_frame(records).assign(replica=0)))
     return [outputs.write_text(out / "summary.json", summary), *written]

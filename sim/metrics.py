@@ -49,17 +49,18 @@ def client_times(records: RunRecords) -> tuple[FloatArray, FloatArray]:
     return r.released, r.released
 
 
-def batch_frame(records: RunRecords) -> pd.DataFrame:
+def batch_frame(records: RunRecords, request_ids: npt.NDArray[np.object_] | None = None) -> pd.DataFrame:
     """Who took part in each iteration (the content of ``batches.csv``), one row per request and iteration in the
     order the policy scheduled them: ``iteration`` (the row of ``iterations.csv``), ``request_id``, ``phase``
     (``prefill``: a whole prompt, or a recompute from nothing, in one go; ``prefill_chunk``: part of one;
     ``decode``: a one-token step), ``tokens`` computed and ``context_tokens`` cached before. Raises ValueError when
-    the run did not keep them (``record_batches``)."""
+    the run did not keep them (``record_batches``). ``request_ids``: the ids to show (default the records')."""
     if records.batches is None:
         raise ValueError("this run did not record its batches; run it with record_batches (--record-batches)")
     b = records.batches.to_frame()
     r = records.requests
-    ids = records.request_ids if records.request_ids is not None else np.arange(r.n).astype(str)
+    ids = request_ids if request_ids is not None else records.request_ids
+    ids = ids if ids is not None else np.arange(r.n).astype(str)
     whole = (b.context.to_numpy() == 0) & (b.tokens.to_numpy() >= r.prompt[b.request.to_numpy()])
     phase = np.where(b.prefill.to_numpy() == 0, "decode", np.where(whole, "prefill", "prefill_chunk"))
     return pd.DataFrame(
@@ -186,12 +187,13 @@ def seat_use(records: RunRecords) -> dict[str, float | int | None]:
     }
 
 
-def overload(records: RunRecords) -> dict[str, float] | None:
+def overload(records: RunRecords, replicas: int = 1) -> dict[str, float] | None:
     """Whether arrivals outran the replica, judged over the second half of the arrival period (the first half lets
     the queue fill): the backlog (requests arrived and not yet done) grew by more than a tenth of the arrival rate,
     to more than 10 requests, with the GPU busy over 90% of that time. Returns the rates (per second) and the
     backlog, or None. ``sustained_rate``, the requests finished per busy second, estimates
-    what the replica sustains on this workload."""
+    what the replica sustains on this workload. ``replicas``: the iterations are those of that many replicas of a
+    cluster (busy means all of them busy; the sustained rate is the cluster's)."""
     r = records.requests
     valid = ~((r.status == Status.REJECTED) & (r.reason != Reason.STALLED))
     arrivals = np.sort(r.arrival[valid])
@@ -211,7 +213,7 @@ def overload(records: RunRecords) -> dict[str, float] | None:
     busy = float(np.clip(np.minimum(it.column("end"), end) - np.maximum(it.column("start"), half), 0.0, None).sum())
     growth = (backlog(end) - backlog(half)) / window
     rate = arrived / window
-    if not (growth > 0.1 * rate and backlog(end) > 10 and busy > 0.9 * window):
+    if not (growth > 0.1 * rate and backlog(end) > 10 and busy > 0.9 * window * replicas):
         return None
     total_busy = float((it.column("end") - it.column("start")).sum())
     return {
@@ -220,7 +222,7 @@ def overload(records: RunRecords) -> dict[str, float] | None:
         "backlog_growth_per_s": growth,
         "backlog_at_last_arrival": float(backlog(end)),
         # requests finished per busy second over the whole run: what the replica sustains on this workload
-        "sustained_rate": len(done) / total_busy if total_busy > 0 else 0.0,
+        "sustained_rate": len(done) * replicas / total_busy if total_busy > 0 else 0.0,
     }
 
 

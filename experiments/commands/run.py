@@ -65,6 +65,14 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         help="share of KV blocks admission leaves free while something runs (the engine's: 0.01 V0, 0 V1)",
     )
 
+    g = p.add_argument_group("cluster")
+    g.add_argument("--replicas", type=int, default=S, help="replicas of this configuration behind a router (1)")
+    g.add_argument(
+        "--router",
+        default=S,
+        help="round_robin (default), random, least_requests, least_tokens, least_kv, power_of_two, or module:Class",
+    )
+    g.add_argument("--router-seed", type=int, default=S, help="seed of the random and power_of_two routers (0)")
     g = p.add_argument_group("scheduler")
     g.add_argument("--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (continuous)")
     g.add_argument("--max-model-len", type=int, default=S, help="max prompt+output tokens (model's context)")
@@ -246,6 +254,26 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
+def cluster_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A cluster's header lines: replicas and router, then each replica's share (none for a single replica)."""
+    if "replicas" not in s:
+        return []
+    cfg = s["config"]
+    rows: list[tuple[str, Any]] = [
+        ("Replicas / router", f"{s['num_replicas']} x {cfg['tensor_parallel_size']} GPU(s), {cfg['router']}")
+    ]
+    for r in s["replicas"]:
+        p99 = r["p99_ttft_ms"]
+        rows.append(
+            (
+                f"  replica {r['replica']}",
+                f"{r['completed']:,} requests, busy {r['utilization']:.0%}, p99 TTFT "
+                f"{'-' if p99 is None else f'{p99:,.0f}'} ms, peak KV {r['peak_kv_usage']:.0%}",
+            )
+        )
+    return rows
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A readable table of the summary, in sections, like `vllm bench serve` prints."""
     cfg = s["config"]
@@ -264,6 +292,7 @@ def format_summary(s: dict[str, Any]) -> str:
         ),
         ("Weights per GPU (GiB)", mem["weight_bytes_per_gpu"] / 2**30),
         ("Engine", f"{s['engine']}, ITL {s['itl_kept']}"),
+        *cluster_rows(s),
         "Serving",
         ("Successful requests", s["completed"]),
         ("Failed (rejected) requests", s["failed"]),
