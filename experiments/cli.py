@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "experiments.commands.calibrate",
     "experiments.commands.validate",
     "experiments.commands.teach",
+    "experiments.commands.plan",
 )
 
 

@@ -128,14 +128,16 @@ class Replica:
         records: RunRecords,
         hardware: str | None = None,
         cluster: ClusterRecords | None = None,
+        detail: bool = True,
     ) -> RunResult:
         """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device; a
-        cluster's with ``cluster``, of which ``records`` is the merged view)."""
+        cluster's with ``cluster``, of which ``records`` is the merged view; ``detail=False``: without each
+        replica's own summary)."""
         records.request_ids = workload.request_id
         if cluster is not None:
             cluster.request_ids = workload.request_id
             gpus = [self.config.tensor_parallel_size] * len(cluster.replicas)
-            summary = summarize_cluster(cluster, self.config.goodput, gpus)
+            summary = summarize_cluster(cluster, self.config.goodput, gpus, detail)
         else:
             summary = summarize(records, self.config.goodput)
         summary["model"] = self.model.name
@@ -205,11 +207,13 @@ def run_simulation(
     workload: Workload | None = None,
     on_progress: Callable[[float, int, int], None] | None = None,
     timings: dict[str, float] | None = None,
+    detail: bool = True,
 ) -> RunResult:
     """Simulate one replica under ``config``; returns the records and the summary. ``workload`` replaces the one
     ``config.workload`` describes (sweeps build it once and reuse it); ``on_progress(now, unfinished, total)`` is called
     now and then during the run with the simulated clock and the requests not yet ended; ``timings``, if given,
-    receives the wall seconds of the simulation call (``simulate_s``)."""
+    receives the wall seconds of the simulation call (``simulate_s``); ``detail=False`` leaves a cluster's
+    per-replica summaries out (``sim.cluster_metrics.summarize_cluster``)."""
     replica = build_replica(config)
     config = replica.config
     policy = policies.get(config.scheduler)
@@ -241,7 +245,7 @@ def run_simulation(
         )
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
-    return replica.result(workload, records, cluster=cluster)
+    return replica.result(workload, records, cluster=cluster, detail=detail)
 
 
 def simulate_replicas(

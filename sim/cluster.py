@@ -285,10 +285,11 @@ def simulate_cluster(
             a = float(arrival[i])
             if a > env.now:
                 yield env.timeout(a - env.now)
-            for rep in replicas:
-                while rep.next_event() < a:
-                    rep.advance(a)
-            loads = [rep.load(reads) for rep in replicas]
+            if reads:  # a router that reads loads sees every replica as it is at a; others need not wait
+                for rep in replicas:
+                    while rep.next_event() < a:
+                        rep.advance(a)
+            loads = [rep.load(reads) for rep in replicas] if reads else []
             load = ReplicaLoad(
                 np.array([x[0] for x in loads], dtype=np.int64) if "unfinished" in reads else zeros,
                 np.array([x[1] for x in loads], dtype=np.int64) if "work_left" in reads else zeros,

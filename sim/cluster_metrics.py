@@ -34,14 +34,26 @@ REPLICA_KEYS = (
 
 
 def summarize_cluster(
-    cluster: ClusterRecords, goodput: Mapping[str, float] | None = None, gpus_per_replica: list[int] | None = None
+    cluster: ClusterRecords,
+    goodput: Mapping[str, float] | None = None,
+    gpus_per_replica: list[int] | None = None,
+    detail: bool = True,
 ) -> dict[str, Any]:
     """The cluster's summary (``sim.metrics.summarize``'s keys, ``gpu_*`` and seat and KV keys over all replicas'
     GPU time) plus ``replicas``: one entry per replica (its requests, utilisation over the cluster's duration, p99s,
     peak KV ...) and ``num_replicas``. ``gpus_per_replica`` (default 1 each) weighs GPU time by the GPUs a replica
-    spans (tensor parallelism)."""
+    spans (tensor parallelism). ``detail=False`` leaves out ``replicas`` and the seat, batch and KV keys that need
+    each replica's own summary (a capacity search runs many clusters and reads the request-level keys)."""
     merged = cluster.merged()
     out: dict[str, Any] = dict(summarize(merged, goodput))
+    if not detail:
+        busy_s = float((merged.iterations.column("end") - merged.iterations.column("start")).sum())
+        replica_time = len(cluster.replicas) * float(out["duration"])
+        out["num_replicas"] = len(cluster.replicas)
+        out["gpu_busy_s"] = busy_s
+        out["gpu_idle_s"] = max(replica_time - busy_s, 0.0)
+        out["gpu_idle_fraction"] = out["gpu_idle_s"] / replica_time if replica_time > 0 else 0.0
+        return out
     duration = float(out["duration"])
     n_rep = len(cluster.replicas)
     gpus = gpus_per_replica or [1] * n_rep

@@ -156,6 +156,25 @@ def run_segment(
             sc[IN_FLIGHT] = 1
 
 
+_RUNNERS: dict[tuple[Any, Any], Any] = {}
+
+
+def segment_runner(schedule: Any, timer: Any) -> Any:
+    """``run_segment`` with the policy kernel and the timer fixed: numba types a function passed as an argument on
+    every call (tens of microseconds each), which a cluster, calling the loop once or more per request and replica,
+    cannot afford; fixed, a call costs a few microseconds. Compiled once per pair and process."""
+    key = (schedule, timer)
+    if key not in _RUNNERS:
+
+        @njit
+        def run(ri, rf, wk, sc, clock, logs, params, timer_args, now, stop_at, max_iterations):  # noqa: ANN001, ANN202
+            return run_segment(ri, rf, wk, sc, clock, logs, schedule, params, timer, timer_args, now, stop_at,
+                               max_iterations)  # fmt: skip
+
+        _RUNNERS[key] = run
+    return _RUNNERS[key]
+
+
 @njit(cache=True)
 def _nothing_left(sc: np.ndarray, clock: np.ndarray) -> int:
     """Every request here has ended: DONE, or IDLE (asleep until routed to) while a router may route more."""
@@ -199,16 +218,23 @@ class CompiledReplica:
         self.log = IterationLog(capacity=max(1024, 2 * (capacity if routed else n)))
         self.batches = BatchLog(capacity=max(1024, 4 * self.wk.shape[1])) if record_batches else BatchLog(capacity=0)
         self.record_batches = record_batches
+        self._logs: tuple[np.ndarray, ...] | None = None  # the log arrays as the loop takes them
 
     def advance(self, policy: tuple[Any, np.ndarray], timer: tuple[Any, Any], stop_at: float,
                 max_iterations: int = SEGMENT_ITERATIONS) -> int:  # fmt: skip
         """Run the loop until ``stop_at`` (or ``max_iterations`` iterations): DONE, IDLE or PAUSED."""
         schedule, params = policy
         fn, args = timer
+        run = segment_runner(schedule, fn)
         while True:
-            logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts, self.batches.rows)
-            code, self.now = run_segment(self.ri, self.rf, self.wk, self.sc, self.clock, logs, schedule, params, fn,
-                                         args, self.now, stop_at, max_iterations)  # fmt: skip
+            logs = self._logs
+            if logs is None or logs[2] is not self.itl.gaps:  # built again only when a log has grown
+                logs = self._logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts,
+                                     self.batches.rows)  # fmt: skip
+            code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.clock, logs, params, args, self.now,
+                                 stop_at, max_iterations)  # fmt: skip
+            if code in (LOG_FULL, BATCH_LOG_FULL):
+                self._logs = None
             if code == LOG_FULL:
                 self.log.grow()
             elif code == BATCH_LOG_FULL:

@@ -1,0 +1,182 @@
+"""`ferry plan`: how many GPUs, of which kind, with which parallelism and batching settings, serve a workload at its
+rate within an SLO, and at what cost. Every count it reports is a simulated cluster that met the SLO, with one
+replica fewer simulated and failing it."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from experiments import outputs
+
+PLAN_OUTPUTS = ("plan.json", "plan.png")
+CURVE_FACTORS = (0.25, 0.5, 2.0)  # rates (times the target) at which the best candidates are also planned
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="the fewest GPUs (kind, TP, settings, replicas) that serve a workload within an SLO, and their cost",
+        description="For each candidate replica (every --hardware x --tensor-parallel-size x --policy x batching "
+        "setting), find the fewest replicas behind --router whose simulated cluster meets the SLO at the workload's "
+        "rate; print them ranked by cost, write plan.json (every candidate, with why one was dropped) and plan.png "
+        "(GPUs needed against request rate for the best candidate of each of up to three GPU kinds).",
+    )
+    p.add_argument("--model", default="llama-3-8b", help="built-in model or path to a HF config.json")
+    p.add_argument("--config", type=Path, default=None, help="a `ferry run` YAML for everything else (dtype, ...)")
+    g = p.add_argument_group("workload (as `ferry run`)")
+    g.add_argument("--trace", type=Path, default=None, help="trace to serve at its own rate (times --trace-time-scale)")
+    g.add_argument("--trace-format", default=None)
+    g.add_argument("--trace-time-scale", type=float, default=None)
+    g.add_argument("--num-prompts", type=int, default=None, help="requests per simulation (synthetic: 1000)")
+    g.add_argument("--request-rate", type=float, default=None, help="synthetic: the target rate (requests/s)")
+    g.add_argument("--burstiness", type=float, default=None)
+    g.add_argument("--input-len", default=None)
+    g.add_argument("--output-len", default=None)
+    g.add_argument("--lengths-from", type=Path, default=None)
+    g.add_argument("--lengths-max-total", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g = p.add_argument_group("SLO")
+    g.add_argument("--slo", nargs="+", default=None, metavar="NAME=MS", help="e.g. ttft_p99_ms=2000 tpot_p99_ms=100")
+    g.add_argument("--min-goodput", type=float, default=None, help="least share of requests meeting --goodput")
+    g.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="per-request thresholds")
+    g = p.add_argument_group("candidates (comma-separated lists)")
+    g.add_argument("--hardware", default="h100-sxm", help="GPU profiles (h100-sxm)")
+    g.add_argument("--tensor-parallel-size", "-tp", default="1", help="TP degrees (1)")
+    g.add_argument("--policy", default="chunked", help="batching policies (chunked)")
+    g.add_argument("--max-num-seqs", default=None, help="values to try (default: vLLM's for each device)")
+    g.add_argument("--max-num-batched-tokens", default=None, help="values to try (default: vLLM's)")
+    g = p.add_argument_group("cluster and search")
+    g.add_argument("--router", default="round_robin", help="router of every cluster (round_robin)")
+    g.add_argument("--router-seed", type=int, default=0)
+    g.add_argument("--max-replicas", type=int, default=256, help="give up on a candidate beyond this many replicas")
+    g.add_argument("--prices", type=Path, default=None, help="US$ per GPU-hour (default hwprofiles/prices.yaml)")
+    g.add_argument("--jobs", type=int, default=None, help="processes (default: every core)")
+    p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png (plan/)")
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    p.add_argument("--force", action="store_true", help="write into --out even if it holds another command's outputs")
+    p.set_defaults(func=main)
+
+
+def _list(text: str | None, kind: type, flag: str) -> list[Any]:
+    if text is None:
+        return [None]
+    try:
+        values = [kind(x.strip()) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a comma-separated list of {kind.__name__}") from None
+    if not values:
+        raise ValueError(f"{flag}: empty list")
+    return values
+
+
+def base_config(args: argparse.Namespace) -> Any:
+    from experiments.config import RunConfig
+
+    fields = {k: getattr(args, k) for k in ("trace", "trace_format", "trace_time_scale", "num_prompts",
+              "request_rate", "burstiness", "input_len", "output_len", "lengths_from", "lengths_max_total", "seed")
+              if getattr(args, k) is not None}  # fmt: skip
+    fields["model"] = args.model
+    if args.trace is None and "request_rate" not in fields:
+        raise ValueError("give the workload's rate: --request-rate R (synthetic) or --trace FILE")
+    if args.config is not None:
+        return RunConfig.load(args.config, fields)
+    return RunConfig.model_validate(fields)
+
+
+def candidates(args: argparse.Namespace) -> list[Any]:
+    from experiments.plan.search import Candidate
+    from policies.config import ITERATION_LIMITED
+
+    out = []
+    seqs = _list(args.max_num_seqs, int, "--max-num-seqs")
+    tokens = _list(args.max_num_batched_tokens, int, "--max-num-batched-tokens")
+    for hw, tp, policy in itertools.product(_list(args.hardware, str, "--hardware"),
+                                            _list(args.tensor_parallel_size, int, "--tensor-parallel-size"),
+                                            _list(args.policy, str, "--policy")):  # fmt: skip
+        limits = list(itertools.product(seqs, tokens)) if policy in ITERATION_LIMITED else [(None, None)]
+        out += [Candidate(hw, tp, policy, s, t) for s, t in limits]
+    return list(dict.fromkeys(out))
+
+
+def _plan_one(job: tuple[Any, ...]) -> Any:
+    from experiments.plan.search import plan_candidate
+
+    candidate, base, workload, slo, router, seed, max_replicas, single_rate = job
+    try:
+        return plan_candidate(candidate, base, workload, slo, router, seed, max_replicas, single_rate)
+    except ValueError as exc:  # a setting the candidate refuses (e.g. max_num_batched_tokens < max_num_seqs)
+        from experiments.plan.search import CandidateResult
+
+        return CandidateResult(candidate, reason=f"does not run: {exc}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from costmodel.prices import load_prices
+    from experiments.plan import report
+    from experiments.plan.search import scaled, workload_rate
+    from experiments.plan.slo import parse_slo
+    from experiments.simulation import build_workload
+
+    slo = parse_slo(args.slo, args.min_goodput, args.goodput)
+    prices = load_prices(args.prices)
+    base = base_config(args)
+    if args.max_replicas < 1:
+        raise ValueError(f"--max-replicas {args.max_replicas}: must be >= 1")
+    outputs.check(args.out, PLAN_OUTPUTS, "plan", args.force)
+    workload = build_workload(base)
+    target = workload_rate(workload)
+    todo = candidates(args)
+    jobs = args.jobs or os.cpu_count() or 1
+    started = time.perf_counter()
+    print(f"ferry plan: {len(todo)} candidates, {len(workload.arrival_s):,} requests at {target:.3g} req/s, "
+          f"SLO {slo.describe()}, {jobs} processes", file=sys.stderr)  # fmt: skip
+    common = (slo, args.router, args.router_seed, args.max_replicas)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(_plan_one, [(c, base, workload, *common, None) for c in todo]))
+        best = report.best_per_kind(report.ranked(results, prices))[:3]
+        curve_jobs = [(r, f) for r in best for f in CURVE_FACTORS]
+        points = list(pool.map(_plan_one, [(r.candidate, base, scaled(workload, f), *common, r.single_replica_rate)
+                                           for r, f in curve_jobs]))  # fmt: skip
+    curves: dict[str, list[tuple[float, int | None]]] = {r.candidate.label(): [(target, r.gpus)] for r in best}
+    for (r, f), point in zip(curve_jobs, points, strict=True):
+        curves[r.candidate.label()].append((target * f, point.gpus))
+    elapsed = time.perf_counter() - started
+    plan = {
+        "model": base.model,
+        "workload": workload.source,
+        "requests": len(workload.arrival_s),
+        "target_rate": target,
+        "slo": {"limits": slo.limits, "min_goodput": slo.min_goodput, "goodput": slo.goodput},
+        "router": args.router,
+        "search_seconds": elapsed,
+        "ranked": [r.candidate.label() for r in report.ranked(results, prices)],
+        "candidates": [r.to_json() | report.economics(r, prices) for r in results],
+        "gpus_against_rate": {k: [{"rate": x, "gpus": g} for x, g in sorted(v)] for k, v in curves.items()},
+        "prices": {k: v.model_dump() for k, v in prices.items()},
+    }
+    outputs.prepare(args.out, PLAN_OUTPUTS, "plan", args.force)
+    written = [outputs.write_text(args.out / "plan.json", json.dumps(plan, indent=2, default=_jsonable) + "\n")]
+    if curves:
+        written.append(report.plot(curves, target, args.out / "plan.png"))
+    if args.json:
+        print(json.dumps(plan, indent=2, default=_jsonable))
+    else:
+        print(report.table(results, prices, slo))
+        print(f"\nsearched {len(todo)} candidates in {elapsed:.1f} s; wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, float):
+        return None
+    return str(value)

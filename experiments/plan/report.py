@@ -1,0 +1,142 @@
+"""What `ferry plan` shows: the ranked table of candidates, ``plan.json``, and the plot of GPUs needed against the
+request rate for the best few."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from costmodel.prices import Price
+from experiments.plan.search import CandidateResult
+from experiments.plan.slo import SLO
+
+
+def economics(result: CandidateResult, prices: dict[str, Price]) -> dict[str, float | None]:
+    """Cost per hour (US$), goodput per GPU (requests/s meeting the SLO's per-request thresholds at the target rate,
+    per GPU: DistServe's measure) and cost per million output tokens at the target rate, for a candidate that met
+    the SLO."""
+    if result.gpus is None:
+        return {"usd_per_hour": None, "goodput_per_gpu": None, "usd_per_million_output_tokens": None}
+    price = prices.get(result.candidate.hardware)
+    per_hour = price.usd_per_gpu_hour * result.gpus if price is not None else None
+    goodput = result.achieved["goodput_share"] * result.achieved["target_rate"]
+    tokens_per_s = result.achieved["offered_output_tokens_per_s"]
+    per_million = per_hour / (tokens_per_s * 3600) * 1e6 if per_hour is not None and tokens_per_s > 0 else None
+    return {
+        "usd_per_hour": per_hour,
+        "goodput_per_gpu": goodput / result.gpus,
+        "usd_per_million_output_tokens": per_million,
+    }
+
+
+def ranked(results: list[CandidateResult], prices: dict[str, Price]) -> list[CandidateResult]:
+    """Candidates that met the SLO, cheapest per hour first (GPUs where a price is missing), then fewest GPUs,
+    then most headroom."""
+    ok = [r for r in results if r.gpus is not None]
+
+    def key(r: CandidateResult) -> tuple[float, int, float]:
+        cost = economics(r, prices)["usd_per_hour"]
+        worst = max(r.headroom.values()) if r.headroom else 0.0
+        return (cost if cost is not None else math.inf, r.gpus or 0, worst)
+
+    return sorted(ok, key=key)
+
+
+def best_per_kind(ranked_results: list[CandidateResult]) -> list[CandidateResult]:
+    """The first (best) candidate of each GPU kind, in rank order: the curves a planner compares."""
+    seen: set[str] = set()
+    out = []
+    for r in ranked_results:
+        if r.candidate.hardware not in seen:
+            seen.add(r.candidate.hardware)
+            out.append(r)
+    return out
+
+
+def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) -> str:
+    """The ranked table, then the dropped candidates with their reasons."""
+    best = ranked(results, prices)
+    keys = list(slo.limits)
+    head = ["#", "GPUs", "GPU", "TP", "replicas", "settings", *[_short(k) for k in keys], "$/h", "goodput/GPU",
+            "$/M out tok"]  # fmt: skip
+    rows = [head]
+    for i, r in enumerate(best, 1):
+        money = economics(r, prices)
+        c = r.candidate
+        settings = c.label().split(" ", 2)[2]
+        slo_cells = [f"{r.achieved.get(k, float('nan')):,.0f} ({r.headroom.get(k, math.nan):.0%})" for k in keys]
+        rows.append(
+            [
+                str(i),
+                str(r.gpus),
+                c.hardware,
+                str(c.tensor_parallel_size),
+                str(r.replicas),
+                settings,
+                *slo_cells,
+                _money(money["usd_per_hour"]),
+                _num(money["goodput_per_gpu"]),
+                _money(money["usd_per_million_output_tokens"]),
+            ]  # fmt: skip
+        )
+    widths = [max(len(row[j]) for row in rows) for j in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) if j != 5 else cell.ljust(w) for j, (cell, w) in enumerate(zip(row, widths,
+             strict=True))) for row in rows]  # fmt: skip
+    lines.insert(1, "-" * len(lines[0]))
+    if not best:
+        lines.append("no candidate meets the SLO")
+    dropped = [r for r in results if r.gpus is None]
+    if dropped:
+        lines.append("")
+        lines.append("dropped:")
+        lines += [f"  {r.candidate.label()}: {r.reason}" for r in dropped]
+    near = [r for r in dropped if r.closest is not None]
+    if not best and near:
+        closest = min(near, key=lambda r: max(r.closest.ratios.values()) if r.closest else math.inf)
+        e = closest.closest
+        if e is not None:
+            lines.append(
+                f"closest: {closest.candidate.label()} with {e.replicas} replica(s) at {e.rate:.3g} req/s: "
+                + ", ".join(f"{k} {v:.2f}x its limit" for k, v in e.ratios.items())
+            )
+    return "\n".join(lines)
+
+
+def _short(key: str) -> str:
+    return key.removesuffix("_ms") + " ms (use)"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3g}"
+
+
+def plot(curves: dict[str, list[tuple[float, int | None]]], target: float, out: Path) -> Path:
+    """GPUs needed against request rate, one line per candidate (``curves``: label -> [(rate, GPUs or None)])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
+    styles = [("o", "-", 4.0), ("s", "--", 2.5), ("^", ":", 1.5), ("D", "-.", 1.0)]  # overlapping lines stay visible
+    for k, (label, points) in enumerate(curves.items()):
+        pts = [(r, g) for r, g in sorted(points) if g is not None]
+        marker, dash, width = styles[k % len(styles)]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=dash, linewidth=width,
+                    markersize=6 + 2 * (len(styles) - k % len(styles)), alpha=0.85, label=label)  # fmt: skip
+    ax.axvline(target, color="#888888", linestyle="--", linewidth=1)
+    ax.text(target, ax.get_ylim()[1], " target rate", va="top", color="#555555")
+    ax.set_xlabel("request rate (requests/s)")
+    ax.set_ylabel("GPUs needed to meet the SLO")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
+    ax.set_title("GPUs needed against request rate (each point a simulated cluster)", loc="left")
+    fig.savefig(out, dpi=140)
+    plt.close(fig)
+    return out

@@ -1,0 +1,202 @@
+"""The search behind `ferry plan`: for one candidate (GPU kind, tensor parallelism, batching settings), the fewest
+replicas whose simulated cluster meets the SLO at the target rate.
+
+A search, not an enumeration: one replica's sustainable rate under the SLO (``experiments.studies.ratesearch``,
+bisection over rates) gives a first count, ceil(target / that rate); the count is then settled by simulating the
+whole cluster at the target rate, stepping up from the estimate until the SLO is met and bisecting down to the
+fewest that meet it. Capacity grows with replicas, which the bisection relies on; the answer is always a count that
+was simulated and met the SLO, with one fewer simulated and failing it (unless it is 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from experiments.config import RunConfig
+from experiments.plan.slo import SLO
+from experiments.simulation import build_replica, run_simulation
+from experiments.studies.ratesearch import max_rate
+from sim.workload import Workload
+
+# what each evaluation keeps of a summary
+KEPT = ("completed", "failed", "request_throughput", "output_throughput", "request_goodput", "duration",
+        "gpu_idle_fraction")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of a replica the plan may replicate."""
+
+    hardware: str
+    tensor_parallel_size: int
+    policy: str
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def label(self) -> str:
+        limits = [f"seqs={self.max_num_seqs}" if self.max_num_seqs else "",
+                  f"tokens={self.max_num_batched_tokens}" if self.max_num_batched_tokens else ""]  # fmt: skip
+        extra = ",".join(x for x in limits if x)
+        return f"{self.hardware} tp{self.tensor_parallel_size} {self.policy}" + (f" {extra}" if extra else "")
+
+    def config(self, base: RunConfig, replicas: int, router: str, router_seed: int) -> RunConfig:
+        """``base`` with this candidate's replica, ``replicas`` of them behind ``router``."""
+        data = base.model_dump(exclude_unset=True)
+        scheduler = dict(data.pop("scheduler", {}))
+        scheduler["policy"] = self.policy
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                scheduler[name] = getattr(self, name)
+        data |= {"hardware": self.hardware, "tensor_parallel_size": self.tensor_parallel_size, "scheduler": scheduler}
+        data["replicas"] = replicas
+        if replicas > 1:
+            data |= {"router": router, "router_seed": router_seed}
+        else:
+            data.pop("router", None)
+            data.pop("router_seed", None)
+        data.pop("workload", None)
+        return RunConfig.model_validate(data)
+
+
+@dataclass
+class Evaluation:
+    """One simulation the search ran."""
+
+    replicas: int
+    rate: float  # requests/s
+    meets: bool
+    ratios: dict[str, float]  # achieved / limit per SLO key
+    summary: dict[str, Any]  # KEPT keys and the SLO's
+
+
+@dataclass
+class CandidateResult:
+    candidate: Candidate
+    replicas: int | None = None  # fewest that meet the SLO; None when dropped
+    gpus: int | None = None
+    reason: str | None = None  # why the candidate was dropped
+    single_replica_rate: float | None = None  # what one replica sustains under the SLO (requests/s)
+    achieved: dict[str, Any] = field(default_factory=dict)  # the chosen cluster's summary (KEPT and SLO keys)
+    headroom: dict[str, float] = field(default_factory=dict)  # achieved / limit per SLO key
+    evaluations: list[Evaluation] = field(default_factory=list)
+    closest: Evaluation | None = None  # when no count met the SLO: the evaluation nearest to it
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["label"] = self.candidate.label()
+        return out
+
+
+def scaled(workload: Workload, factor: float) -> Workload:
+    """The workload with arrivals ``factor`` times as fast (the same requests, the same pattern)."""
+    return dataclasses.replace(workload, arrival_s=np.asarray(workload.arrival_s) / factor)
+
+
+def workload_rate(workload: Workload) -> float:
+    """The workload's mean arrival rate (requests/s)."""
+    span = float(workload.arrival_s[-1] - workload.arrival_s[0]) if len(workload.arrival_s) > 1 else 0.0
+    return (len(workload.arrival_s) - 1) / span if span > 0 else math.inf
+
+
+def plan_candidate(
+    candidate: Candidate,
+    base: RunConfig,
+    workload: Workload,
+    slo: SLO,
+    router: str = "round_robin",
+    router_seed: int = 0,
+    max_replicas: int = 256,
+    single_rate: float | None = None,
+) -> CandidateResult:
+    """The fewest replicas of ``candidate`` meeting ``slo`` on ``workload`` at its own rate; dropped with a reason
+    if the replica cannot run (the model does not fit, the TP does not divide the heads) or no count up to
+    ``max_replicas`` meets the SLO. ``single_rate``: one replica's sustainable rate, when already known."""
+    result = CandidateResult(candidate)
+    target = workload_rate(workload)
+    try:
+        build_replica(candidate.config(base, 1, router, router_seed))
+    except ValueError as exc:
+        result.reason = f"does not run: {exc}"
+        return result
+    thresholds = slo.thresholds()
+
+    def evaluate(replicas: int, rate: float) -> Evaluation:
+        config = candidate.config(base, replicas, router, router_seed)
+        config = config.model_copy(update={"goodput": thresholds})
+        summary = run_simulation(config, workload=scaled(workload, rate / target), detail=False).summary
+        meets, ratios = slo.check(summary)
+        kept = {k: summary.get(k) for k in (*KEPT, *slo.limits)}
+        evaluation = Evaluation(replicas, rate, meets, ratios, kept)
+        result.evaluations.append(evaluation)
+        return evaluation
+
+    if single_rate is None:
+        search = max_rate(lambda r: _as_summary(evaluate(1, r)), lambda s: bool(s["meets"]), start=target / 4,
+                          rel_tol=0.1, max_evaluations=12)  # fmt: skip
+        single_rate = search.rate
+    result.single_replica_rate = single_rate
+    if single_rate <= 0:
+        unloaded = min((e for e in result.evaluations if e.replicas == 1), key=lambda e: e.rate)
+        result.reason = f"misses the SLO even lightly loaded ({_worst(unloaded)} at {unloaded.rate:.3g} req/s)"
+        result.closest = unloaded
+        return result
+    tried: dict[int, Evaluation] = {}
+
+    def ok(replicas: int) -> bool:
+        if replicas not in tried:
+            tried[replicas] = evaluate(replicas, target)
+        return tried[replicas].meets
+
+    estimate = min(max(1, math.ceil(target / single_rate)), max_replicas)
+    if ok(estimate):
+        lo, hi = 0, estimate
+        if estimate > 1 and ok(estimate - 1):
+            hi = estimate - 1
+        else:
+            lo = estimate - 1
+    else:
+        lo, hi = estimate, estimate
+        while not ok(hi):
+            lo = hi
+            if hi >= max_replicas:
+                result.closest = min(tried.values(), key=lambda e: max(e.ratios.values()))
+                result.reason = f"misses the SLO with {max_replicas} replicas ({_worst(tried[hi])})"
+                return result
+            hi = min(max_replicas, max(hi + 1, math.ceil(hi * 1.5)))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    chosen = tried[hi]
+    result.replicas = hi
+    result.gpus = hi * candidate.tensor_parallel_size
+    # the load it serves: the target rate, and the output tokens per second that brings (not the measured
+    # throughput, which counts the drain after the last arrival and so favours faster GPUs)
+    served = chosen.summary.get("request_throughput") or 0.0
+    share = (chosen.summary.get("request_goodput") or 0.0) / served if served else 0.0
+    result.achieved = chosen.summary | {
+        "target_rate": target,
+        "offered_output_tokens_per_s": target * float(np.mean(workload.output_tokens)),
+        "goodput_share": share,
+    }
+    result.headroom = chosen.ratios
+    return result
+
+
+def _as_summary(evaluation: Evaluation) -> dict[str, Any]:
+    return {"meets": evaluation.meets, **evaluation.summary}
+
+
+def _worst(evaluation: Evaluation) -> str:
+    """The SLO term furthest over its limit, as words."""
+    if evaluation.summary.get("failed"):
+        return f"{evaluation.summary['failed']} requests rejected"
+    key, ratio = max(evaluation.ratios.items(), key=lambda kv: kv[1])
+    return f"{key} at {ratio:.2f}x its limit"

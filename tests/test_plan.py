@@ -1,0 +1,112 @@
+"""`ferry plan`: the answer is the fewest replicas (one fewer fails on the same seed), more load never needs fewer
+GPUs, a one-replica plan is `ferry run`'s numbers, candidates that cannot run are dropped with a reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.plan.search import Candidate, plan_candidate, scaled
+from experiments.plan.slo import parse_slo, summary_key
+from experiments.simulation import build_workload, run_simulation
+
+BASE = RunConfig.model_validate(
+    {
+        "model": "llama-3-8b",
+        "workload": {"num_prompts": 600, "request_rate": 60, "input_len": 1024, "output_len": 128, "seed": 1},
+    }  # fmt: skip
+)
+SLO = parse_slo(["ttft_p99_ms=1000", "tpot_p99_ms=60"])
+H100 = Candidate("h100-sxm", 1, "chunked")
+
+
+@pytest.fixture(scope="module")
+def workload():  # noqa: ANN201
+    return build_workload(BASE)
+
+
+@pytest.fixture(scope="module")
+def plan(workload):  # noqa: ANN001, ANN201
+    return plan_candidate(H100, BASE, workload, SLO, router="least_requests")
+
+
+def test_the_plan_is_minimal(plan, workload) -> None:  # noqa: ANN001
+    assert plan.replicas is not None and plan.replicas >= 2
+    tried = {e.replicas: e for e in plan.evaluations if e.rate == pytest.approx(60, rel=0.01)}
+    assert tried[plan.replicas].meets and not tried[plan.replicas - 1].meets
+    # and independently: the same cluster with one replica fewer, simulated again on the same seed, fails
+    config = H100.config(BASE, plan.replicas - 1, "least_requests", 0)
+    ok, ratios = SLO.check(run_simulation(config, workload=workload).summary)
+    assert not ok and max(ratios.values()) > 1
+
+
+def test_a_higher_rate_never_needs_fewer_gpus(plan, workload) -> None:  # noqa: ANN001
+    gpus = [plan.gpus]
+    for factor in (2.0, 4.0):
+        more = plan_candidate(H100, BASE, scaled(workload, factor), SLO, "least_requests",
+                              single_rate=plan.single_replica_rate)  # fmt: skip
+        gpus.append(more.gpus)
+    assert gpus == sorted(gpus) and gpus[-1] > gpus[0], gpus
+
+
+def test_a_one_replica_plan_agrees_with_ferry_run(workload, tmp_path: Path) -> None:  # noqa: ANN001
+    light = scaled(workload, 0.1)  # 6 requests/s: one H100 is enough
+    result = plan_candidate(H100, BASE, light, SLO)
+    assert result.replicas == 1
+    out = tmp_path / "run"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: llama-3-8b\npolicy: chunked\nhardware: h100-sxm\nnum_prompts: 600\nrequest_rate: 6\n"
+                   "input_len: 1024\noutput_len: 128\nseed: 1\n")  # fmt: skip
+    assert main(["run", "--config", str(cfg), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in SLO.limits:
+        assert result.achieved[key] == pytest.approx(summary[key], rel=1e-9)
+
+
+def test_candidates_that_cannot_run_are_dropped_with_a_reason(workload) -> None:  # noqa: ANN001
+    big = RunConfig.model_validate({"model": "llama-3-70b", "workload": {"num_prompts": 50, "request_rate": 2}})
+    dropped = plan_candidate(Candidate("l40s", 1, "chunked"), big, build_workload(big), SLO)
+    assert dropped.gpus is None and "does not fit" in dropped.reason
+    odd = plan_candidate(Candidate("h100-sxm", 3, "chunked"), BASE, workload, SLO)
+    assert odd.gpus is None and "does not run" in odd.reason
+
+
+def test_an_slo_nobody_meets_says_so_and_shows_the_closest(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--request-rate", "4", "--num-prompts", "80", "--input-len", "2048",
+            "--output-len", "16", "--slo", "ttft_p99_ms=5", "--hardware", "h100-sxm,a100-80g", "--out",
+            str(tmp_path / "p"), "--jobs", "1"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "no candidate meets the SLO" in out and "closest:" in out and "misses the SLO even lightly loaded" in out
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["ranked"] == [] and all(c["reason"] for c in plan["candidates"])
+
+
+def test_ferry_plan_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--request-rate", "30", "--num-prompts", "400", "--input-len", "1024",
+            "--output-len", "64", "--slo", "ttft_p99_ms=1500", "tpot_p99_ms=80", "--hardware", "h100-sxm,l40s",
+            "--tensor-parallel-size", "1,2", "--router", "least_tokens", "--out", str(tmp_path / "p")]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "GPUs" in out and "$/h" in out
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert len(plan["candidates"]) == 4 and plan["ranked"]
+    best = next(c for c in plan["candidates"] if c["label"] == plan["ranked"][0])
+    assert best["usd_per_hour"] > 0 and best["gpus"] == best["replicas"] * best["candidate"]["tensor_parallel_size"]
+    assert (tmp_path / "p" / "plan.png").stat().st_size > 10_000
+
+
+def test_slo_names_and_errors() -> None:
+    assert summary_key("ttft_p99_ms") == summary_key("p99_ttft_ms") == "p99_ttft_ms"
+    assert summary_key("tpot_p50_ms") == "median_tpot_ms"
+    with pytest.raises(ValueError, match="unknown SLO"):
+        parse_slo(["ttft_p95_ms=100"])
+    with pytest.raises(ValueError, match="needs --goodput"):
+        parse_slo(None, 0.99)
+    slo = parse_slo(None, 0.9, ["ttft:500"])
+    assert slo.check({"request_throughput": 10.0, "request_goodput": 9.5, "failed": 0})[0]
+    assert not slo.check({"request_throughput": 10.0, "request_goodput": 8.5, "failed": 0})[0]
