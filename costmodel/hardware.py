@@ -34,6 +34,7 @@ from costmodel.dtypes import PEAK_KEY
 
 PROFILES_DIR = Path(hwprofiles.__file__).parent
 _SUFFIXES = (".yaml", ".yml", ".json")
+NOT_PROFILES = ("prices",)  # files beside the profiles that are not profiles (``costmodel.prices``)
 ASSUMPTION = "assumption"  # the ``source`` of a number nobody measured yet
 MEASURED = "measured"  # the ``source`` of a number a calibration fitted (see provenance.measurements)
 
@@ -226,8 +227,12 @@ def _search_dirs() -> list[Path]:
 
 def builtin_hardware() -> list[str]:
     """Names of the profiles ``load_hardware`` finds by name."""
-    names = {p.stem for d in _search_dirs() if d.is_dir() for p in d.iterdir() if p.suffix in _SUFFIXES}
+    names = {p.stem for d in _search_dirs() if d.is_dir() for p in d.iterdir() if _is_profile(p)}
     return sorted(names)
+
+
+def _is_profile(path: Path) -> bool:
+    return path.suffix in _SUFFIXES and path.stem not in NOT_PROFILES
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -261,7 +266,7 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     path = Path(name_or_path).expanduser()
     if not path.is_file():
         key = name_or_path.strip().lower()
-        candidates = [p for d in _search_dirs() if d.is_dir() for p in sorted(d.iterdir()) if p.suffix in _SUFFIXES]
+        candidates = [p for d in _search_dirs() if d.is_dir() for p in sorted(d.iterdir()) if _is_profile(p)]
         match = next((p for p in candidates if p.stem.lower() == key), None)
         if match is None:
             if path.suffix in _SUFFIXES:

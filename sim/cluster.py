@@ -37,8 +37,8 @@ LOADS = ("unfinished", "work_left", "kv_used")
 
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
-    """What a router sees of the replicas when a request arrives, one entry per replica (a load the router does not
-    read is left at zeros)."""
+    """What a router sees of the replicas when a request arrives, one entry per replica (all zeros for a router that
+    reads none; ``work_left`` zeros unless the router reads it, since it walks each replica's queues)."""
 
     # requests routed to the replica and not yet finished or rejected (count)
     unfinished: IntArray
@@ -279,28 +279,39 @@ def simulate_cluster(
     zeros = np.zeros(len(setups), dtype=np.int64)
     env = simpy.Environment()
 
+    # the replicas' next event times, and their loads (rows: unfinished, work left, KV used), kept up to date: a
+    # replica's load changes only when it runs events or is routed a request, so only those are asked again
+    next_at = np.array([rep.next_event() for rep in replicas])
+    loads = np.zeros((3, len(replicas)), dtype=np.int64)
+    stale = np.ones(len(replicas), dtype=bool)
+
     def cluster() -> Generator[simpy.Event, Any, None]:
         arrival, prompt, output = requests.arrival, requests.prompt, requests.output_wanted
         for i in range(n):
             a = float(arrival[i])
             if a > env.now:
                 yield env.timeout(a - env.now)
+            load = ReplicaLoad(zeros, zeros, zeros, blocks)
             if reads:  # a router that reads loads sees every replica as it is at a; others need not wait
-                for rep in replicas:
-                    while rep.next_event() < a:
+                for j in (next_at < a).nonzero()[0].tolist():
+                    rep = replicas[j]
+                    rep.advance(a)
+                    while rep.next_event() < a:  # it stopped after a number of iterations: go on
                         rep.advance(a)
-            loads = [rep.load(reads) for rep in replicas] if reads else []
-            load = ReplicaLoad(
-                np.array([x[0] for x in loads], dtype=np.int64) if "unfinished" in reads else zeros,
-                np.array([x[1] for x in loads], dtype=np.int64) if "work_left" in reads else zeros,
-                np.array([x[2] for x in loads], dtype=np.int64) if "kv_used" in reads else zeros,
-                blocks,
-            )
+                    next_at[j] = rep.next_event()
+                    stale[j] = True
+                for j in stale.nonzero()[0].tolist():
+                    loads[:, j] = replicas[j].load(reads)
+                stale[:] = False
+                now_loads = loads.copy()  # the router may keep what it is shown
+                load = ReplicaLoad(now_loads[0], now_loads[1], now_loads[2], blocks)
             k = router.route(load, int(prompt[i]), int(output[i]))
             if not (isinstance(k, (int, np.integer)) and 0 <= k < len(replicas)):
                 raise ValueError(f"the router chose replica {k!r} for request {i}; expected 0..{len(replicas) - 1}")
             replica_of[i] = k
             replicas[int(k)].route(i)
+            next_at[k] = replicas[int(k)].next_event()
+            stale[k] = True
             if on_progress is not None and i % SEGMENT_ITERATIONS == 0:
                 on_progress(a, i)
         for rep in replicas:

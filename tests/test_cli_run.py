@@ -218,7 +218,7 @@ def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> Non
     args += ["--output-len", "5", "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--out", str(out)]
     assert main([*args, "--record-batches"]) == 0
     batches, iterations = pd.read_csv(out / "batches.csv"), pd.read_csv(out / "iterations.csv")
-    assert list(batches.columns) == ["iteration", "request_id", "phase", "tokens", "context_tokens"]
+    assert list(batches.columns) == ["iteration", "request_id", "phase", "tokens", "context_tokens", "replica"]
     per_iteration = batches.groupby("iteration").size()
     assert (per_iteration.to_numpy() == (iterations.prefill_seqs + iterations.decode_seqs).to_numpy()).all()
     assert set(batches.phase) == {"prefill_chunk", "decode"}  # 700-token prompts under a 512-token budget: chunks

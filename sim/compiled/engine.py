@@ -219,13 +219,17 @@ class CompiledReplica:
         self.batches = BatchLog(capacity=max(1024, 4 * self.wk.shape[1])) if record_batches else BatchLog(capacity=0)
         self.record_batches = record_batches
         self._logs: tuple[np.ndarray, ...] | None = None  # the log arrays as the loop takes them
+        self._run: Any = None  # the loop compiled for the policy and timer last given to ``advance``
+        self._policy: Any = None
+        self._timer: Any = None
 
     def advance(self, policy: tuple[Any, np.ndarray], timer: tuple[Any, Any], stop_at: float,
                 max_iterations: int = SEGMENT_ITERATIONS) -> int:  # fmt: skip
-        """Run the loop until ``stop_at`` (or ``max_iterations`` iterations): DONE, IDLE or PAUSED."""
-        schedule, params = policy
-        fn, args = timer
-        run = segment_runner(schedule, fn)
+        """Run the loop until ``stop_at`` (or ``max_iterations`` iterations): DONE, IDLE or PAUSED. (A cluster
+        calls this once or more per request and replica: the common case is a single call into the loop.)"""
+        if self._run is None or self._policy is not policy or self._timer is not timer:
+            self._run, self._policy, self._timer = segment_runner(policy[0], timer[0]), policy, timer
+        run, params, args = self._run, policy[1], timer[1]
         while True:
             logs = self._logs
             if logs is None or logs[2] is not self.itl.gaps:  # built again only when a log has grown
@@ -233,18 +237,17 @@ class CompiledReplica:
                                      self.batches.rows)  # fmt: skip
             code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.clock, logs, params, args, self.now,
                                  stop_at, max_iterations)  # fmt: skip
-            if code in (LOG_FULL, BATCH_LOG_FULL):
-                self._logs = None
+            if code == DONE or code == PAUSED or code == IDLE:
+                return code
+            self._logs = None
             if code == LOG_FULL:
                 self.log.grow()
             elif code == BATCH_LOG_FULL:
                 self.batches.grow()
             elif code == BAD_WAIT:
                 raise RuntimeError(f"the compiled policy asked to wait until a time not after {self.now}")
-            elif code == BAD_DURATION:
-                raise RuntimeError(f"the cost model gave a non-positive iteration time at {self.now}")
             else:
-                return code
+                raise RuntimeError(f"the cost model gave a non-positive iteration time at {self.now}")
 
     def next_event(self) -> float:
         """When this replica acts next (s): the end of its iteration in flight, its wake-up (inf: when routed to),
