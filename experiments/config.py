@@ -205,6 +205,11 @@ class RunConfig(BaseModel):
         "least_kv, power_of_two, or module:Class (clusters only)",
     )
     router_seed: StrictInt = Field(0, ge=0, description="seed of the random and power_of_two routers")
+    replica_groups: tuple[dict[str, Any], ...] = Field(
+        (),
+        description="a cluster of different replicas: groups of `count` replicas, each group's fields (hardware, "
+        "tensor_parallel_size, any scheduler or memory field) replacing this config's; replaces --replicas",
+    )
     record_batches: StrictBool = Field(
         False,
         description="keep who took part in each iteration, with their tokens (batches.csv: one row per request and "
@@ -243,16 +248,53 @@ class RunConfig(BaseModel):
     def _cluster(self) -> RunConfig:
         """A router, or its seed, set for one replica would be ignored: refuse it; an unknown router's name fails
         here, before any work."""
-        if self.replicas == 1:
+        if self.replica_groups:
+            if self.replicas != 1:
+                raise ValueError(f"replicas={self.replicas} and replica_groups: give one or the other")
+            for k, group in enumerate(self.replica_groups):
+                try:
+                    self.group_config(k)
+                except ValueError as exc:
+                    raise ValueError(f"replica_groups[{k}] ({group}): {exc}") from None
+        if self.num_replicas == 1:
             ignored = [k for k in changed_fields(self) if k in ("router", "router_seed")]
             if ignored:
-                raise ValueError(f"{', '.join(ignored)}: a router only acts with --replicas 2 or more")
+                raise ValueError(f"{', '.join(ignored)}: a router only acts with two replicas or more")
         elif ":" not in self.router:
             from policies.routing import router_names
 
             if self.router not in router_names():
                 raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(router_names())}")
         return self
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas of the run: ``replicas``, or the groups' counts added up."""
+        if self.replica_groups:
+            return sum(int(g.get("count", 1)) for g in self.replica_groups)
+        return self.replicas
+
+    def group_config(self, k: int) -> RunConfig:
+        """The config of one replica of group ``k``: this config with the group's fields (``count`` aside)."""
+        group = dict(self.replica_groups[k])
+        count = group.pop("count", 1)
+        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+            raise ValueError(f"count={count!r}: the group's number of replicas, an integer >= 1")
+        unknown = [f for f in group if f not in RunConfig.model_fields and f not in SchedulerConfig.model_fields]
+        banned = [f for f in group if f in _NOT_PER_REPLICA]
+        if unknown or banned:
+            raise ValueError(f"{', '.join(unknown + banned)}: not a field a replica group may set")
+        data = self.model_dump(exclude_unset=True)
+        data.pop("replica_groups", None)
+        data.pop("router", None)
+        data.pop("router_seed", None)
+        scheduler = dict(data.pop("scheduler", {}))
+        for key, value in group.items():
+            if key in SchedulerConfig.model_fields and key not in RunConfig.model_fields:
+                scheduler[key] = value
+            else:
+                data[key] = value
+        return RunConfig.model_validate(data | {"scheduler": scheduler})
 
     @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -294,6 +336,11 @@ class RunConfig(BaseModel):
             if Path(data[key]).suffix in (".json", ".yaml", ".yml") and Path(data[key]).exists():
                 data[key] = str(Path(data[key]).resolve())
         return data
+
+
+# run-wide fields a replica group may not set (the model, the workload and the run's own settings)
+_NOT_PER_REPLICA = ("model", "workload", "replicas", "router", "router_seed", "replica_groups", "goodput", "engine",
+                    "itl", "record_batches", "stream")  # fmt: skip
 
 
 def _finite(value: Any) -> Any:

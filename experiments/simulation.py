@@ -129,14 +129,15 @@ class Replica:
         hardware: str | None = None,
         cluster: ClusterRecords | None = None,
         detail: bool = True,
+        gpus: list[int] | None = None,
     ) -> RunResult:
         """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device; a
         cluster's with ``cluster``, of which ``records`` is the merged view; ``detail=False``: without each
-        replica's own summary)."""
+        replica's own summary; ``gpus``: each replica's GPUs, default this config's tensor parallelism)."""
         records.request_ids = workload.request_id
         if cluster is not None:
             cluster.request_ids = workload.request_id
-            gpus = [self.config.tensor_parallel_size] * len(cluster.replicas)
+            gpus = gpus or [self.config.tensor_parallel_size] * len(cluster.replicas)
             summary = summarize_cluster(cluster, self.config.goodput, gpus, detail)
         else:
             summary = summarize(records, self.config.goodput)
@@ -214,6 +215,7 @@ def run_simulation(
     now and then during the run with the simulated clock and the requests not yet ended; ``timings``, if given,
     receives the wall seconds of the simulation call (``simulate_s``); ``detail=False`` leaves a cluster's
     per-replica summaries out (``sim.cluster_metrics.summarize_cluster``)."""
+    given = config  # as the user wrote it: each replica group resolves its own defaults from it
     replica = build_replica(config)
     config = replica.config
     policy = policies.get(config.scheduler)
@@ -227,8 +229,9 @@ def run_simulation(
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
     cluster = None
-    if config.replicas > 1:
-        cluster = simulate_replicas(replica, requests, exact, report)
+    members = cluster_members(given, replica)
+    if sum(count for _, count in members) > 1:
+        cluster = simulate_replicas(config, members, requests, exact, report)
         records = cluster.merged()
     else:
         records = simulate(
@@ -245,28 +248,63 @@ def run_simulation(
         )
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
-    return replica.result(workload, records, cluster=cluster, detail=detail)
+    each = [m for m, count in members for _ in range(count)]  # the replicas in order
+    gpus = [m.config.tensor_parallel_size for m in each]
+    result = replica.result(workload, records, cluster=cluster, detail=detail, gpus=gpus)
+    if cluster is not None:
+        result.summary["hardware"] = " + ".join(f"{m.hardware.name} x{count}" for m, count in members)
+        if config.replica_groups:
+            result.summary["replica_groups"] = [group_summary(m, count) for m, count in members]
+            # each group as it was resolved, so that `--config summary.json` reproduces the run
+            result.summary["config"]["replica_groups"] = [
+                {"count": count, "hardware": m.config.hardware, "tensor_parallel_size": m.config.tensor_parallel_size,
+                 "kv_watermark": m.config.kv_watermark}
+                | m.config.scheduler.model_dump(mode="json", exclude_defaults=False)
+                for m, count in members
+            ]  # fmt: skip
+        for entry, m in zip(result.summary.get("replicas", []), each, strict=True):
+            entry |= {"hardware": m.hardware.name, "tensor_parallel_size": m.config.tensor_parallel_size,
+                      "policy": m.config.scheduler.policy}  # fmt: skip
+    return result
+
+
+def cluster_members(config: RunConfig, replica: Replica) -> list[tuple[Replica, int]]:
+    """The replicas of a run and how many of each: ``config.replicas`` of ``replica``, or one built per group."""
+    if not config.replica_groups:
+        return [(replica, config.replicas)]
+    return [
+        (build_replica(config.group_config(k)), int(g.get("count", 1))) for k, g in enumerate(config.replica_groups)
+    ]
+
+
+def group_summary(member: Replica, count: int) -> dict[str, Any]:
+    """What ``summary.json`` says of one replica group: its count, device, parallelism, resolved scheduler and
+    memory plan."""
+    cfg = member.config
+    return {"count": count, "hardware": member.hardware.name, "tensor_parallel_size": cfg.tensor_parallel_size,
+            "scheduler": cfg.scheduler.model_dump(mode="json"), "memory": memory_summary(member.memory)}  # fmt: skip
 
 
 def simulate_replicas(
-    replica: Replica,
+    config: RunConfig,
+    members: list[tuple[Replica, int]],
     requests: RequestTable,
     exact: bool | None,
     report: Callable[[float, int], None] | None = None,
 ) -> ClusterRecords:
-    """``config.replicas`` copies of ``replica`` (each its own policy and KV cache) behind ``config.router``."""
-    config = replica.config
+    """Each member replica (its own policy and KV cache), as many times as its count, behind ``config.router``."""
     n = len(requests)
     setups = [
         ReplicaSetup(
-            policies.get(config.scheduler),
-            replica.cost,
-            KVCacheManager(replica.memory.num_gpu_blocks, replica.memory.block_size, n, config.kv_watermark or 0.0),
-            config.scheduler.max_model_len,
+            policies.get(m.config.scheduler),
+            m.cost,
+            KVCacheManager(m.memory.num_gpu_blocks, m.memory.block_size, n, m.config.kv_watermark or 0.0),
+            m.config.scheduler.max_model_len,
         )
-        for _ in range(config.replicas)
+        for m, count in members
+        for _ in range(count)
     ]
-    router = get_router(config.router, config.replicas, np.random.default_rng(config.router_seed))
+    router = get_router(config.router, len(setups), np.random.default_rng(config.router_seed))
     return simulate_cluster(
         requests, setups, router, config.engine, exact, config.record_batches, config.stream, on_progress=report
     )

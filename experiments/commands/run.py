@@ -260,13 +260,13 @@ def cluster_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         return []
     cfg = s["config"]
     rows: list[tuple[str, Any]] = [
-        ("Replicas / router", f"{s['num_replicas']} x {cfg['tensor_parallel_size']} GPU(s), {cfg['router']}")
+        ("Replicas / router", f"{s['num_replicas']} ({s['num_gpus']} GPUs), {cfg['router']}")
     ]
     for r in s["replicas"]:
         p99 = r["p99_ttft_ms"]
         rows.append(
             (
-                f"  replica {r['replica']}",
+                f"  replica {r['replica']} ({r.get('hardware', '')} x{r['gpus']})",
                 f"{r['completed']:,} requests, busy {r['utilization']:.0%}, p99 TTFT "
                 f"{'-' if p99 is None else f'{p99:,.0f}'} ms, peak KV {r['peak_kv_usage']:.0%}",
             )
@@ -274,23 +274,37 @@ def cluster_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
+def _kv_cache(mem: dict[str, Any]) -> str:
+    tokens = mem["num_gpu_blocks"] * mem["block_size"]
+    return (f"{mem['num_gpu_blocks']:,} blocks x {mem['block_size']} = {tokens:,} tokens "
+            f"({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)")  # fmt: skip
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A readable table of the summary, in sections, like `vllm bench serve` prints."""
     cfg = s["config"]
     sched = cfg["scheduler"]
     mem = s["memory"]
-    rows: list[tuple[str, Any] | str] = [
-        "ferry run",
+    groups = s.get("replica_groups")
+    replica_rows: list[tuple[str, Any]] = [
         ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}"),
         ("Policy", sched["policy"]),
         *scheduler_rows(s),
         ("Workload", s["workload"]),
-        (
-            "KV cache per replica",
-            f"{mem['num_gpu_blocks']:,} blocks x {mem['block_size']} = {mem['num_gpu_blocks'] * mem['block_size']:,} "
-            f"tokens ({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)",
-        ),
+        ("KV cache per replica", _kv_cache(mem)),
         ("Weights per GPU (GiB)", mem["weight_bytes_per_gpu"] / 2**30),
+    ]
+    if groups:  # each group says its own device and limits
+        replica_rows = [("Model / hardware", f"{s['model']} on {s['hardware']}"), ("Workload", s["workload"])]
+        for k, g in enumerate(groups):
+            gs = g["scheduler"]
+            limits = f", max_num_seqs {gs['max_num_seqs']}, tokens {gs['max_num_batched_tokens']}" \
+                if gs.get("max_num_seqs") else ""  # fmt: skip
+            replica_rows.append((f"Group {k}: {g['count']} x {g['hardware']} tp{g['tensor_parallel_size']}",
+                                 f"{gs['policy']}{limits}; KV {_kv_cache(g['memory'])}"))  # fmt: skip
+    rows: list[tuple[str, Any] | str] = [
+        "ferry run",
+        *replica_rows,
         ("Engine", f"{s['engine']}, ITL {s['itl_kept']}"),
         *cluster_rows(s),
         "Serving",
