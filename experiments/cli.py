@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "experiments.commands.validate",
     "experiments.commands.teach",
     "experiments.commands.plan",
+    "experiments.commands.sweep",
 )
 
 

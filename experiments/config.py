@@ -297,6 +297,19 @@ class RunConfig(BaseModel):
         return RunConfig.model_validate(data | {"scheduler": scheduler})
 
     @classmethod
+    def load_dict(cls, data: dict[str, Any], overrides: dict[str, Any] | None = None) -> RunConfig:
+        """A config from a mapping (nested or flat) with ``overrides`` (flat field names) on top."""
+        data = nest_flat_fields(dict(data))
+        for key, value in (overrides or {}).items():
+            section = next((s for s, m in _SECTIONS.items() if key in m.model_fields), None)
+            if section is None:
+                data[key] = value
+            else:
+                data.setdefault(section, {})
+                data[section] = {**data[section], key: value}
+        return cls.model_validate(data)
+
+    @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read a YAML (or JSON) config file and apply ``overrides`` (flat field names) on top."""
         path = Path(path)
@@ -311,15 +324,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"{path}: expected a mapping of field names to values, got {type(data).__name__}")
         if "config" in data and isinstance(data["config"], dict):  # a summary.json: take its resolved config
             data = data["config"]
-        data = nest_flat_fields(data)
-        for key, value in (overrides or {}).items():
-            section = next((s for s, m in _SECTIONS.items() if key in m.model_fields), None)
-            if section is None:
-                data[key] = value
-            else:
-                data.setdefault(section, {})
-                data[section] = {**data[section], key: value}
-        return cls.model_validate(data)
+        return cls.load_dict(data, overrides)
 
     def to_jsonable(self) -> dict[str, Any]:
         """The config as plain JSON values; an infinite rate is written "inf" (JSON has no infinity), which

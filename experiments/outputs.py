@@ -21,7 +21,8 @@ from experiments import interrupts
 
 # every name a ferry command writes into an --out folder (files, and folders such as validate's real/ and sim/)
 FERRY_OUTPUTS = ("summary.json", "requests.csv", "iterations.csv", "batches.csv", "comparison.json", "real", "sim",
-                 "teach.json", "records", "plan.json", "plan.png")  # fmt: skip
+                 "teach.json", "records", "plan.json", "plan.png", "points", "results.parquet",
+                 "sweep.json")  # fmt: skip
 
 
 def check(out: Path, own: tuple[str, ...], command: str, force: bool = False) -> None:

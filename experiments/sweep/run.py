@@ -1,0 +1,141 @@
+"""Running a sweep's points: serially, on a process pool (every core, the default), or on an existing Dask
+distributed scheduler; each finished point is stored at once (``experiments.sweep.store``), so a sweep resumes where
+it stopped. A point that raises is stored with its error and the sweep goes on."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from importlib import metadata
+from typing import Any
+
+from experiments.sweep.spec import Point, SweepSpec
+
+
+def version() -> str:
+    try:
+        return metadata.version("ferry")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
+    """One point's row: the swept values, the status (``ok`` / ``error`` with the message), wall seconds, and
+    every scalar of the run's summary (``max_rate`` mode: of the run at the highest rate that met the SLO, with
+    ``max_rate`` and the ``evaluations`` behind it)."""
+    started = time.perf_counter()
+    row: dict[str, Any] = {"point": point.index, "hash": point.hash, "status": "ok", "error": "",
+                           "seed": point.params.get("seed", point.config.workload.seed if point.config else None),
+                           "ferry_version": version(), "mode": spec.mode} | dict(point.params)  # fmt: skip
+    try:
+        if point.config is None:
+            raise ValueError(point.error)
+        if spec.mode == "max_rate":
+            row |= capacity(point, spec)
+        else:
+            from experiments.simulation import run_simulation
+
+            row |= scalars(run_simulation(point.config).summary)
+    except Exception as exc:  # noqa: BLE001 (a point's failure is recorded, not raised: the sweep goes on)
+        from experiments.teach.scenario import one_line
+
+        row["status"] = "error"
+        row["error"] = (" ".join(one_line(exc).split()) if isinstance(exc, ValueError) else str(exc)) or type(
+            exc).__name__  # fmt: skip
+        if not isinstance(exc, (ValueError, OSError)):
+            row["error"] += " | " + traceback.format_exc(limit=3).splitlines()[-1]
+    row["wall_s"] = time.perf_counter() - started
+    return row
+
+
+def scalars(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's scalar keys (numbers, strings, booleans; nested parts left out)."""
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def capacity(point: Point, spec: SweepSpec) -> dict[str, Any]:
+    """The highest request rate meeting the sweep's SLO (bisection over rates on the point's workload, its arrivals
+    scaled), and the summary at that rate."""
+    from experiments.plan.search import scaled, workload_rate
+    from experiments.simulation import build_workload, run_simulation
+    from experiments.studies.ratesearch import max_rate
+
+    assert point.config is not None
+    slo = spec.slo_object()
+    config = point.config.model_copy(update={"goodput": slo.thresholds()})
+    workload = build_workload(config)
+    base_rate = workload_rate(workload)
+    if base_rate == float("inf"):
+        raise ValueError("mode max_rate needs arrivals spread in time: give the base a finite request_rate")
+    tried: list[dict[str, Any]] = []
+
+    def evaluate(rate: float) -> dict[str, Any]:
+        summary = run_simulation(config, workload=scaled(workload, rate / base_rate)).summary
+        ok, ratios = slo.check(summary)
+        tried.append({"rate": rate, "meets": ok, **{k: summary.get(k) for k in slo.limits}})
+        return summary | {"_meets": ok}
+
+    search = max_rate(evaluate, lambda s: bool(s["_meets"]), start=spec.rate_start, rel_tol=spec.rate_tolerance)
+    best = next((s for r, s in reversed(search.tried) if r == search.rate and s["_meets"]), None)
+    out = scalars(best) if best is not None else {}
+    out.pop("_meets", None)
+    return out | {"max_rate": search.rate, "evaluations": json.dumps(tried)}
+
+
+def execute(points: list[Point], spec: SweepSpec, jobs: int, dask: str | None,
+            on_done: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+    """Run ``points``, calling ``on_done(row)`` as each finishes (in the calling process)."""
+    for row in _results(points, spec, jobs, dask):
+        on_done(row)
+
+
+def _results(points: list[Point], spec: SweepSpec, jobs: int, dask: str | None) -> Iterator[dict[str, Any]]:
+    if not points:
+        return
+    if dask:
+        try:
+            from distributed import Client
+            from distributed import as_completed as dask_completed
+        except ImportError:
+            raise ValueError("--dask needs Dask's distributed scheduler: pip install 'ferry[dask]'") from None
+        with Client(dask) as client:
+            futures = client.map(run_point, points, spec=spec, pure=False)
+            for future in dask_completed(futures):
+                yield future.result()
+        return
+    if jobs <= 1:
+        for point in points:
+            yield run_point(point, spec)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_point, p, spec) for p in points]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+class Bar:
+    """Points done, and the time left at the rate so far; on a terminal only."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.started = total, 0, time.perf_counter()
+        self.enabled = sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / self.done * (self.total - self.done)
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        sys.stderr.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done:,}/{self.total:,} points  "
+                         f"{elapsed:,.0f} s, about {left:,.0f} s left ")  # fmt: skip
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            sys.stderr.write("\n")

@@ -1,0 +1,420 @@
+"""Figures of a sweep's ``results.parquet``: throughput against latency with its Pareto front, a metric over two
+swept axes, the highest rate each configuration sustains, and latency against request rate.
+
+Each function takes the table (``load_results``), draws only the runs whose ``status`` is ``"ok"``, writes
+``out.png`` and ``out.svg`` at slide size and returns their paths. A column that is not in the table, or a table
+without ok runs, is a one-line ``ValueError`` naming the column and the ones there are. Axis labels are the column
+names with the unit their suffix implies (``_ms``: ms, ``output_throughput``: tokens/s, ``request_rate``:
+requests/s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib import colors as mcolors
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from experiments.teach.style import SLIDE, language, save
+
+SWEPT_KEY = b"ferry.swept"  # the parquet schema metadata key holding the swept parameter names (a JSON list)
+# columns every sweep row has that are neither swept nor measured
+BOOKKEEPING = ("point", "hash", "status", "error", "seed", "wall_s", "ferry_version", "mode", "evaluations")
+# swept columns that are not a configuration: the workload's seed and the load it is offered
+NOT_CONFIG = ("seed", "request_rate")
+# metrics of a run's summary.json whose names carry no tell-tale suffix (the rest end in _ms, _throughput, ...)
+METRICS = frozenset(
+    {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_goodput", "max_rate",
+     "num_iterations", "gpu_busy_s", "gpu_idle_s", "gpu_idle_fraction", "idle_while_waiting_s", "seats_offered",
+     "seat_utilization", "held_seat_fraction", "mean_batch_size", "mean_tokens_per_iteration", "kv_cache_blocks",
+     "kv_block_size", "peak_kv_usage", "mean_kv_usage", "total_preemptions", "preempted_requests",
+     "recomputed_tokens", "stream", "engine", "num_replicas", "num_gpus"}
+)  # fmt: skip
+METRIC_PATTERN = re.compile(r"(_ms|_throughput|_goodput|_usage|_fraction|_utilization)$")
+CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+# ---- the table ------------------------------------------------------------------------------------------------
+
+
+def load_results(path: Path) -> pd.DataFrame:
+    """A sweep's table from its folder or its ``results.parquet``; the swept names go to ``attrs["swept"]``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    file = path / "results.parquet" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: not found (is {path} the output folder of a `ferry sweep`?)")
+    try:
+        metadata = pq.read_schema(file).metadata or {}
+        table = pd.read_parquet(file)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{file}: not a readable parquet file ({' '.join(str(exc).split())})") from None
+    if SWEPT_KEY in metadata:
+        try:
+            swept = json.loads(metadata[SWEPT_KEY])
+        except json.JSONDecodeError:
+            raise ValueError(f"{file}: schema metadata {SWEPT_KEY.decode()} is not a JSON list") from None
+        if not isinstance(swept, list):
+            raise ValueError(f"{file}: schema metadata {SWEPT_KEY.decode()} is not a JSON list")
+        table.attrs["swept"] = [str(c) for c in swept]
+    return table
+
+
+def swept_columns(table: pd.DataFrame) -> list[str]:
+    """The swept parameters, in the sweep file's order: ``attrs["swept"]`` (from the parquet's metadata), or else
+    every column that is neither bookkeeping nor a metric."""
+    if "swept" in table.attrs:
+        return [c for c in table.attrs["swept"] if c in table.columns]
+    return [c for c in table.columns if c not in BOOKKEEPING and not _is_metric(c)]
+
+
+def _is_metric(column: str) -> bool:
+    return column in METRICS or bool(METRIC_PATTERN.search(column)) or column.startswith(("itl_", "overload"))
+
+
+def config_columns(table: pd.DataFrame) -> list[str]:
+    """The swept columns that make a configuration: all but the seed and the request rate."""
+    return [c for c in swept_columns(table) if c not in NOT_CONFIG]
+
+
+def ok_rows(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """The rows with ``status == "ok"``, once ``columns`` are known to exist; ValueError naming what is missing."""
+    for column in ("status", *columns):
+        if column not in table.columns:
+            raise ValueError(f"column {column!r} is not in the results (columns: {', '.join(map(str, table.columns))})")
+    ok = table[table["status"] == "ok"]
+    if ok.empty:
+        errors = table["error"].dropna().astype(str) if "error" in table.columns else pd.Series(dtype=str)
+        first = next((e for e in errors if e), "")
+        raise ValueError(f"no run has status 'ok' ({len(table)} rows" + (f"; first error: {first})" if first else ")"))
+    return ok
+
+
+def _numeric(ok: pd.DataFrame, column: str) -> pd.Series:
+    values = pd.to_numeric(ok[column], errors="coerce")
+    if values.isna().all():
+        raise ValueError(f"column {column!r} has no numeric values in the ok runs")
+    return values
+
+
+def unit(column: str) -> str | None:
+    """The unit a column's name implies: ``_ms`` ms, ``*_throughput`` tokens/s (``request_*`` requests/s), ..."""
+    if column.endswith("_ms"):
+        return "ms"
+    if column in ("request_throughput", "request_goodput") or column.endswith("_rate"):
+        return "requests/s"
+    if column.endswith(("_throughput", "_goodput")):
+        return "tokens/s"
+    if column.endswith("_per_s"):
+        return "per s"
+    if column.endswith("_s") or column == "duration":
+        return "s"
+    if column.endswith("_tokens"):
+        return "tokens"
+    if column.endswith(("_fraction", "_usage", "_utilization")):
+        return "share, 0-1"
+    return None
+
+
+def label(column: str) -> str:
+    """An axis label: the column's name and its unit."""
+    u = unit(column)
+    return f"{column} ({u})" if u else column
+
+
+def value_text(value: Any) -> str:
+    """A parameter value as a label shows it: integers without ``.0``, floats to four digits, missing as none."""
+    if _missing(value):
+        return "none"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{int(value)}" if float(value).is_integer() else f"{float(value):.4g}"
+    return str(value)
+
+
+def _ordered(values: pd.Series) -> list[Any]:
+    """The distinct values of a column, numbers ascending, then other values as text, missing last."""
+    distinct = [v for v in values.drop_duplicates().tolist() if not _missing(v)]
+    numbers = sorted(v for v in distinct if isinstance(v, (int, float)))
+    others = sorted((v for v in distinct if not isinstance(v, (int, float))), key=str)
+    return numbers + others + ([None] if values.isna().any() else [])
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _configs(ok: pd.DataFrame, by: Sequence[str]) -> pd.Series:
+    """Each row's configuration label, ``"policy=chunked, max_num_seqs=128"`` (``"all runs"`` when ``by`` is empty)."""
+    if not by:
+        return pd.Series("all runs", index=ok.index)
+    parts = [ok[c].map(lambda v, c=c: f"{c}={value_text(v)}") for c in by]
+    return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+
+
+def _varying(ok: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+    """Of ``columns``, those with more than one value in the ok runs (all of them if none varies)."""
+    varying = [c for c in columns if ok[c].nunique(dropna=False) > 1]
+    return varying or list(columns)
+
+
+# ---- Pareto -----------------------------------------------------------------------------------------------------
+
+
+def pareto_front(table: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The ok rows no other ok row beats (lower or equal ``x`` and higher or equal ``y``, one of them strictly),
+    sorted by ``x``; rows with either value missing take no part."""
+    ok = ok_rows(table, (x, y))
+    xs, ys = _numeric(ok, x), _numeric(ok, y)
+    keep = xs.notna() & ys.notna()
+    order = pd.DataFrame({"x": xs[keep], "y": -ys[keep]}).sort_values(["x", "y"], kind="stable").index
+    front, best, at = [], -math.inf, math.nan
+    for i in order:
+        xi, yi = float(xs[i]), float(ys[i])
+        if yi > best or (yi == best and xi == at):  # an exact duplicate of a front point is on the front too
+            front.append(i)
+            best, at = yi, xi
+    return ok.loc[front]
+
+
+def pareto(
+    table: pd.DataFrame,
+    x: str = "p99_tpot_ms",
+    y: str = "output_throughput",
+    color: str | None = None,
+    out: Path | str = "plot-pareto",
+) -> list[Path]:
+    """Throughput ``y`` against latency ``x``, one point per ok run coloured by ``color`` (default: the first swept
+    column that varies), the Pareto front (lower ``x``, higher ``y``) as a step line with its points ringed."""
+    ok = ok_rows(table, (x, y) + ((color,) if color else ()))
+    if color is None:
+        candidates = _varying(ok, [c for c in swept_columns(table) if c != "seed"])
+        color = candidates[0] if candidates else None
+    xs, ys = _numeric(ok, x), _numeric(ok, y)
+    ok = ok[xs.notna() & ys.notna()]
+    front = pareto_front(ok, x, y)
+    with language("en"):
+        fig, ax = _figure()
+        if color is None:
+            ax.scatter(xs[ok.index], ys[ok.index], s=70, color=CATEGORY_COLORS[0], alpha=0.85, label="run")
+        elif _is_numeric(ok[color]):
+            _scatter_numeric(fig, ax, xs[ok.index], ys[ok.index], ok[color], color)
+        else:
+            _scatter_categories(ax, xs[ok.index], ys[ok.index], ok[color], color)
+        fx, fy = xs[front.index].to_numpy(), ys[front.index].to_numpy()
+        right = float(xs[ok.index].max())
+        ax.step(np.append(fx, right), np.append(fy, fy[-1]), where="post", color="#333333", linewidth=2.2,
+                zorder=3, label="Pareto front")  # fmt: skip
+        ax.scatter(fx, fy, s=260, facecolors="none", edgecolors="#333333", linewidths=2.2, zorder=4)
+        _maybe_log(ax, xs[ok.index], "x")
+        ax.set_xlabel(label(x) + " (lower is better)")
+        ax.set_ylabel(label(y) + " (higher is better)")
+        ax.set_title(f"{y} against {x}: {len(ok)} runs, {len(front)} on the Pareto front", loc="left")
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles, labels, title=color if color and not _is_numeric(ok[color]) else None,
+                  loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # fmt: skip
+        return _save(fig, out)
+
+
+def _is_numeric(values: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+
+
+def _scatter_numeric(fig: Figure, ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, name: str) -> None:
+    v = pd.to_numeric(values, errors="coerce")
+    low, high = float(v.min()), float(v.max())
+    norm: mcolors.Normalize = (
+        mcolors.LogNorm(low, high) if low > 0 and high / low >= 20 else mcolors.Normalize(low, max(high, low + 1e-12))
+    )
+    points = ax.scatter(xs, ys, c=v, cmap="viridis", norm=norm, s=70, alpha=0.9, edgecolors="white", linewidths=0.5)
+    bar = fig.colorbar(points, ax=ax, pad=0.02)
+    bar.set_label(label(name))
+
+
+def _scatter_categories(ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, name: str) -> None:
+    for k, value in enumerate(_ordered(values)):
+        mask = values.map(value_text) == value_text(value)
+        ax.scatter(xs[mask], ys[mask], s=70, alpha=0.85, color=CATEGORY_COLORS[k % len(CATEGORY_COLORS)],
+                   marker=MARKERS[k % len(MARKERS)], label=value_text(value))  # fmt: skip
+
+
+# ---- a metric over two axes -------------------------------------------------------------------------------------
+
+
+def heatmap_grid(table: pd.DataFrame, metric: str, a: str, b: str) -> pd.DataFrame:
+    """``metric`` averaged over everything else (seeds, other swept columns) for each pair of ``a`` (the columns)
+    and ``b`` (the rows) values, labelled as ``value_text`` shows them; NaN where no ok run has the pair."""
+    if a == b:
+        raise ValueError(f"heatmap axes must be two different columns (got {a!r} twice)")
+    ok = ok_rows(table, (metric, a, b))
+    values = _numeric(ok, metric)
+    frame = pd.DataFrame({"a": ok[a].map(value_text), "b": ok[b].map(value_text), "m": values})
+    grid = frame.groupby(["b", "a"], sort=False)["m"].mean().unstack("a")
+    rows, columns = (list(dict.fromkeys(map(value_text, _ordered(ok[c])))) for c in (b, a))
+    return grid.reindex(index=rows, columns=columns)
+
+
+def heatmap(
+    table: pd.DataFrame,
+    metric: str = "output_throughput",
+    a: str | None = None,
+    b: str | None = None,
+    out: Path | str = "plot-heatmap",
+) -> list[Path]:
+    """``metric`` over swept columns ``a`` (x axis) and ``b`` (y axis), default the first two that vary, each cell
+    the mean over the other columns and seeds, its value written in it."""
+    if a is None or b is None:
+        ok = ok_rows(table, (metric,))
+        axes = [c for c in _varying(ok, [c for c in swept_columns(table) if c != "seed"]) if c not in (a, b)]
+        a, b = a or (axes.pop(0) if axes else None), b or (axes.pop(0) if axes else None)
+        if a is None or b is None:
+            raise ValueError(f"heatmap needs two swept columns to use as axes, the table has {swept_columns(table)}; "
+                             "name them with --axes A B")  # fmt: skip
+    grid = heatmap_grid(table, metric, a, b)
+    cells = grid.to_numpy(dtype=float)
+    with language("en"):
+        fig, ax = _figure()
+        image = ax.imshow(cells, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(grid.shape[1]), list(grid.columns))
+        ax.set_yticks(range(grid.shape[0]), list(grid.index))
+        if grid.shape[1] > 8 or max((len(str(c)) for c in grid.columns), default=0) > 8:
+            ax.tick_params(axis="x", labelrotation=30)
+        ax.set_xlabel(label(a))
+        ax.set_ylabel(label(b))
+        bar = fig.colorbar(image, ax=ax, pad=0.02)
+        bar.set_label(label(metric))
+        if cells.size <= 400:
+            size = 14 if cells.size <= 36 else 11 if cells.size <= 120 else 8
+            for (i, j), v in np.ndenumerate(cells):
+                text = "-" if np.isnan(v) else _number(v)
+                rgb = image.cmap(image.norm(v))[:3] if not np.isnan(v) else (1.0, 1.0, 1.0)
+                dark = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2] < 0.5
+                ax.text(j, i, text, ha="center", va="center", fontsize=size, color="white" if dark else "black")
+        runs = len(ok_rows(table, (metric,)))
+        ax.set_title(f"{metric}, mean over seeds and other columns ({runs} runs)", loc="left")
+        return _save(fig, out)
+
+
+def _number(v: float) -> str:
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+# ---- capacity ---------------------------------------------------------------------------------------------------
+
+
+def capacity_table(table: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
+    """``max_rate`` per configuration (``by``, default the swept columns but seed and request_rate): its mean,
+    min and max over the ok runs and how many there were, best first."""
+    if "max_rate" not in table.columns:
+        raise ValueError("column 'max_rate' is not in the results: capacity needs a sweep run with `mode: max_rate`")
+    by = list(config_columns(table) if by is None else by)
+    ok = ok_rows(table, ("max_rate", *by))
+    rates = _numeric(ok, "max_rate")
+    frame = pd.DataFrame({"configuration": _configs(ok, by), "max_rate": rates}).dropna()
+    stats = frame.groupby("configuration", sort=False)["max_rate"].agg(["mean", "min", "max", "count"])
+    return stats.sort_values("mean", ascending=False, kind="stable").reset_index()
+
+
+def capacity(table: pd.DataFrame, by: Sequence[str] | None = None, out: Path | str = "plot-capacity") -> list[Path]:
+    """Bars of the highest request rate meeting the SLO per configuration, best at the top, with the min-max over
+    seeds as error bars."""
+    stats = capacity_table(table, by)
+    n = len(stats)
+    with language("en"):
+        fig, ax = _figure(height=max(SLIDE[1], 0.42 * n + 1.8))
+        rows = np.arange(n)[::-1]  # the best at the top
+        err = np.vstack([stats["mean"] - stats["min"], stats["max"] - stats["mean"]])
+        ax.barh(rows, stats["mean"], color=CATEGORY_COLORS[0], alpha=0.85, height=0.7)
+        if (stats["count"] > 1).any():
+            ax.errorbar(stats["mean"], rows, xerr=err, fmt="none", ecolor="#333333", capsize=5, linewidth=1.5)
+        top = float(stats["max"].max()) if n else 1.0
+        for r, (mean, high) in zip(rows, zip(stats["mean"], stats["max"], strict=True), strict=True):
+            ax.text(high + 0.01 * top, r, f" {mean:.3g}", va="center", fontsize=12)
+        ax.set_yticks(rows, list(stats["configuration"]))
+        ax.set_xlim(0, top * 1.12 if top > 0 else 1.0)
+        ax.set_xlabel(label("max_rate") + ": the highest rate meeting the SLO")
+        ax.grid(axis="x", alpha=0.3)
+        spread = " (bars: mean; whiskers: min-max over seeds)" if (stats["count"] > 1).any() else ""
+        ax.set_title(f"Capacity of {n} configurations{spread}", loc="left")
+        return _save(fig, out)
+
+
+# ---- latency against load ---------------------------------------------------------------------------------------
+
+
+def latency_rate(
+    table: pd.DataFrame,
+    latency: str = "p99_ttft_ms",
+    by: Sequence[str] | None = None,
+    out: Path | str = "plot-latency",
+) -> list[Path]:
+    """``latency`` against ``request_rate``, one line per group of ``by`` (default: the swept columns but seed and
+    request_rate that vary), the mean over seeds with their min-max shaded."""
+    ok = ok_rows(table, (latency, "request_rate", *(by or ())))
+    by = list(_varying(ok, config_columns(table)) if by is None else by)
+    frame = pd.DataFrame(
+        {"group": _configs(ok, by), "rate": _numeric(ok, "request_rate"), "latency": _numeric(ok, latency)}
+    ).dropna()
+    if frame.empty:
+        raise ValueError(f"no ok run has both request_rate and {latency}")
+    with language("en"):
+        fig, ax = _figure()
+        groups = list(dict.fromkeys(frame["group"]))
+        for k, group in enumerate(groups):
+            stats = frame[frame["group"] == group].groupby("rate")["latency"].agg(["mean", "min", "max"])
+            c = CATEGORY_COLORS[k % len(CATEGORY_COLORS)]
+            style = ("-", "--", ":", "-.")[(k // len(CATEGORY_COLORS)) % 4]
+            ax.plot(stats.index, stats["mean"], marker=MARKERS[k % len(MARKERS)], linestyle=style, color=c,
+                    linewidth=2, markersize=7, label=group)  # fmt: skip
+            if (stats["max"] > stats["min"]).any():
+                ax.fill_between(stats.index, stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
+        _maybe_log(ax, frame["latency"], "y")
+        ax.set_xlabel(label("request_rate"))
+        ax.set_ylabel(label(latency))
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+        ax.legend(title=", ".join(by) if by else None, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+                  fontsize=11 if len(groups) <= 12 else 9)  # fmt: skip
+        ax.set_title(f"{latency} against request rate ({len(frame)} runs)", loc="left")
+        return _save(fig, out)
+
+
+# ---- drawing ----------------------------------------------------------------------------------------------------
+
+
+def _figure(height: float = SLIDE[1]) -> tuple[Figure, Axes]:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(SLIDE[0], height), layout="constrained")
+    return fig, ax
+
+
+def _maybe_log(ax: Axes, values: pd.Series, axis: str) -> None:
+    """A log scale when positive values span more than 30x (latency near saturation grows by orders of magnitude)."""
+    v = values[values > 0]
+    if len(v) == len(values) and len(v) and float(v.max()) / float(v.min()) > 30:
+        ax.set_xscale("log") if axis == "x" else ax.set_yscale("log")
+
+
+def _save(fig: Figure, out: Path | str) -> list[Path]:
+    out = Path(out)
+    if out.suffix.lower() in (".png", ".svg"):
+        out = out.with_suffix("")
+    return save(fig, out.parent, out.name)

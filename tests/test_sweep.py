@@ -1,0 +1,122 @@
+"""`ferry sweep`: the same table serially, on a process pool and on a Dask LocalCluster; a sweep killed with SIGKILL
+resumes without recomputing what it stored; failing points are recorded; where filters; the table's columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from experiments.cli import main
+from experiments.sweep.spec import SweepSpec, combinations, expand, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = """base: {model: llama-3-8b, hardware: a100-80g, policy: chunked, num_prompts: 60, input_len: 256,
+       output_len: 16, request_rate: 20}
+grid:
+  max_num_seqs: [8, 32]
+  max_num_batched_tokens: [256, 1024]
+seeds: 2
+where: "max_num_batched_tokens >= 16 * max_num_seqs"
+"""
+COMPARED = ["point", "hash", "status", "seed", "max_num_seqs", "max_num_batched_tokens", "completed", "duration",
+            "p99_ttft_ms", "mean_tpot_ms", "output_throughput"]  # fmt: skip
+
+
+def _sweep(tmp_path: Path, name: str, *extra: str, spec: str = SMALL) -> pd.DataFrame:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(spec)
+    out = tmp_path / name
+    assert main(["sweep", str(path), "--out", str(out), *extra]) == 0
+    return pd.read_parquet(out / "results.parquet")
+
+
+def test_the_same_table_serially_on_a_pool_and_on_dask(tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    serial = _sweep(tmp_path, "serial", "--jobs", "1")
+    pool = _sweep(tmp_path, "pool", "--jobs", "2")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        dask = _sweep(tmp_path, "dask", "--dask", cluster.scheduler_address)
+    assert len(serial) == 6 and (serial.status == "ok").all()  # 4 combinations, 1 filtered out, x 2 seeds
+    assert serial[COMPARED].equals(pool[COMPARED]) and serial[COMPARED].equals(dask[COMPARED])
+
+
+def test_the_table_has_the_documented_columns(tmp_path: Path) -> None:
+    table = _sweep(tmp_path, "cols", "--jobs", "1", "--csv")
+    first = ["point", "hash", "status", "error", "seed", "wall_s", "ferry_version", "mode", "max_num_seqs",
+             "max_num_batched_tokens"]  # fmt: skip
+    assert list(table.columns[: len(first)]) == first
+    for metric in ("p99_ttft_ms", "median_tpot_ms", "output_throughput", "gpu_idle_fraction", "completed"):
+        assert metric in table.columns
+    meta = pq.read_schema(tmp_path / "cols" / "results.parquet").metadata
+    assert json.loads(meta[b"ferry.swept"]) == ["max_num_seqs", "max_num_batched_tokens", "seed"]
+    assert (tmp_path / "cols" / "results.csv").is_file()
+    assert table.hash.is_unique and (table.wall_s > 0).all()
+
+
+def test_where_filters_and_zip_goes_together() -> None:
+    spec = SweepSpec.model_validate({"grid": {"a": [1, 2, 3]}, "zip": {"b": [10, 20], "c": ["x", "y"]},
+                                     "where": ["a != 2", "b * a < 40"]})  # fmt: skip
+    assert combinations(spec) == [{"a": 1, "b": 10, "c": "x"}, {"a": 1, "b": 20, "c": "y"}, {"a": 3, "b": 10, "c": "x"}]
+    with pytest.raises(ValueError, match="not allowed"):
+        combinations(SweepSpec.model_validate({"grid": {"a": [1]}, "where": "__import__('os')"}))
+    with pytest.raises(ValueError, match="equal lengths"):
+        SweepSpec.model_validate({"zip": {"a": [1, 2], "b": [1]}})
+
+
+def test_a_failing_point_is_stored_with_its_error(tmp_path: Path) -> None:
+    spec = SMALL.replace("max_num_seqs: [8, 32]", "max_num_seqs: [8, 32]\n  hardware: [a100-80g, no-such-gpu]")
+    table = _sweep(tmp_path, "fail", "--jobs", "1", spec=spec)
+    bad = table[table.hardware == "no-such-gpu"]
+    assert len(bad) == 6 and (bad.status == "error").all() and bad.error.str.contains("no-such-gpu").all()
+    assert (table[table.hardware == "a100-80g"].status == "ok").all()
+
+
+def test_a_killed_sweep_resumes_without_recomputing(tmp_path: Path) -> None:
+    spec = tmp_path / "big.yaml"
+    spec.write_text(
+        "base: {model: llama-3-8b, policy: chunked, num_prompts: 400, input_len: 512, output_len: 64,\n"
+        "       request_rate: 20}\ngrid:\n  max_num_seqs: [8, 16, 32, 64, 128, 256]\nseeds: 5\n"
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec), "--out", str(out), "--jobs", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    points = out / "points"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(points.glob("*.json")) if points.is_dir() else []) < 5:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stored = len(list(points.glob("*.json")))
+    assert 5 <= stored < 30, stored  # killed part way
+    assert main(["sweep", str(spec), "--out", str(out), "--jobs", "1"]) == 0
+    side = json.loads((out / "sweep.json").read_text())
+    assert side["skipped"] == stored and side["ran"] == 30 - stored
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 30 and (table.status == "ok").all() and table.point.tolist() == list(range(30))
+
+
+def test_changing_the_sweep_adds_only_the_new_points(tmp_path: Path) -> None:
+    _sweep(tmp_path, "grow", "--jobs", "1")
+    more = SMALL.replace("max_num_seqs: [8, 32]", "max_num_seqs: [8, 32, 64]")
+    table = _sweep(tmp_path, "grow", "--jobs", "1", spec=more)
+    side = json.loads((tmp_path / "grow" / "sweep.json").read_text())
+    assert side["skipped"] == 6 and side["ran"] == len(table) - 6 > 0
+
+
+def test_dry_run_lists_the_points(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(SMALL)
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith("6 points") and "max_num_seqs=8" in out
+    assert len({p.hash for p in expand(load_spec(path))}) == 6
