@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-METRICS = ("ttft", "tpot", "itl", "e2el")
+METRICS = ("ttft", "tpot", "itl", "e2el", "queueing")  # queueing: arrival to first scheduled (Sarathi's delay)
 STATS = {"p50": "median", "p90": "p90", "p99": "p99", "mean": "mean"}
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput judges per request
 
