@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "experiments.commands.teach",
     "experiments.commands.plan",
     "experiments.commands.sweep",
+    "experiments.commands.plot",
 )
 
 

@@ -262,7 +262,8 @@ def run_simulation(
                 | m.config.scheduler.model_dump(mode="json", exclude_defaults=False)
                 for m, count in members
             ]  # fmt: skip
-        for entry, m in zip(result.summary.get("replicas", []), each, strict=True):
+        entries = result.summary.get("replicas")  # absent from a brief summary (``detail=False``)
+        for entry, m in zip(entries or [], each if entries else [], strict=True):
             entry |= {"hardware": m.hardware.name, "tensor_parallel_size": m.config.tensor_parallel_size,
                       "policy": m.config.scheduler.policy}  # fmt: skip
     return result

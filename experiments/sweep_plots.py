@@ -6,6 +6,9 @@ Each function takes the table (``load_results``), draws only the runs whose ``st
 without ok runs, is a one-line ``ValueError`` naming the column and the ones there are. Axis labels are the column
 names with the unit their suffix implies (``_ms``: ms, ``output_throughput``: tokens/s, ``request_rate``:
 requests/s).
+
+The module is long (four figures and the table handling they share) so that a sweep's figures live in one place
+with no dependency on the sweep runner.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +40,20 @@ METRICS = frozenset(
      "num_iterations", "gpu_busy_s", "gpu_idle_s", "gpu_idle_fraction", "idle_while_waiting_s", "seats_offered",
      "seat_utilization", "held_seat_fraction", "mean_batch_size", "mean_tokens_per_iteration", "kv_cache_blocks",
      "kv_block_size", "peak_kv_usage", "mean_kv_usage", "total_preemptions", "preempted_requests",
-     "recomputed_tokens", "stream", "engine", "num_replicas", "num_gpus"}
+     "recomputed_tokens", "stream", "engine", "num_replicas", "num_gpus", "workload"}
 )  # fmt: skip
 METRIC_PATTERN = re.compile(r"(_ms|_throughput|_goodput|_usage|_fraction|_utilization)$")
+# the unit of a column, by how its name ends (the first match counts)
+UNITS = (
+    (("_ms",), "ms"),
+    (("request_throughput", "request_goodput", "_rate"), "requests/s"),
+    (("_throughput", "_goodput"), "tokens/s"),
+    (("_per_s",), "per s"),
+    (("_s", "duration"), "s"),
+    (("_tokens",), "tokens"),
+    (("_fraction", "_usage", "_utilization"), "share, 0-1"),
+)
+DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".yaml", ".yml", ".parquet", ".txt")  # a swept path shows its name
 CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -58,15 +73,12 @@ def load_results(path: Path) -> pd.DataFrame:
     try:
         metadata = pq.read_schema(file).metadata or {}
         table = pd.read_parquet(file)
-    except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"{file}: not a readable parquet file ({' '.join(str(exc).split())})") from None
+        swept = json.loads(metadata.get(SWEPT_KEY, b"[]"))
+    except (pa.ArrowException, OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: not the results.parquet of a `ferry sweep` ({' '.join(str(exc).split())})") from None
     if SWEPT_KEY in metadata:
-        try:
-            swept = json.loads(metadata[SWEPT_KEY])
-        except json.JSONDecodeError:
-            raise ValueError(f"{file}: schema metadata {SWEPT_KEY.decode()} is not a JSON list") from None
         if not isinstance(swept, list):
-            raise ValueError(f"{file}: schema metadata {SWEPT_KEY.decode()} is not a JSON list")
+            raise ValueError(f"{file}: schema metadata {SWEPT_KEY.decode()} is {swept!r}, not a list of column names")
         table.attrs["swept"] = [str(c) for c in swept]
     return table
 
@@ -110,21 +122,7 @@ def _numeric(ok: pd.DataFrame, column: str) -> pd.Series:
 
 def unit(column: str) -> str | None:
     """The unit a column's name implies: ``_ms`` ms, ``*_throughput`` tokens/s (``request_*`` requests/s), ..."""
-    if column.endswith("_ms"):
-        return "ms"
-    if column in ("request_throughput", "request_goodput") or column.endswith("_rate"):
-        return "requests/s"
-    if column.endswith(("_throughput", "_goodput")):
-        return "tokens/s"
-    if column.endswith("_per_s"):
-        return "per s"
-    if column.endswith("_s") or column == "duration":
-        return "s"
-    if column.endswith("_tokens"):
-        return "tokens"
-    if column.endswith(("_fraction", "_usage", "_utilization")):
-        return "share, 0-1"
-    return None
+    return next((u for endings, u in UNITS if column.endswith(endings)), None)
 
 
 def label(column: str) -> str:
@@ -134,9 +132,12 @@ def label(column: str) -> str:
 
 
 def value_text(value: Any) -> str:
-    """A parameter value as a label shows it: integers without ``.0``, floats to four digits, missing as none."""
-    if _missing(value):
+    """A parameter value as a label shows it: integers without ``.0``, floats to four digits, missing as none, a
+    data file (a trace, lengths, a config) by its name only."""
+    if pd.isna(value):
         return "none"
+    if isinstance(value, str) and "/" in value and Path(value).suffix.lower() in DATA_SUFFIXES:
+        return Path(value).name
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (float, np.floating)):
@@ -146,22 +147,23 @@ def value_text(value: Any) -> str:
 
 def _ordered(values: pd.Series) -> list[Any]:
     """The distinct values of a column, numbers ascending, then other values as text, missing last."""
-    distinct = [v for v in values.drop_duplicates().tolist() if not _missing(v)]
+    distinct = [v for v in values.drop_duplicates().tolist() if not pd.isna(v)]
     numbers = sorted(v for v in distinct if isinstance(v, (int, float)))
     others = sorted((v for v in distinct if not isinstance(v, (int, float))), key=str)
     return numbers + others + ([None] if values.isna().any() else [])
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _configs(ok: pd.DataFrame, by: Sequence[str]) -> pd.Series:
-    """Each row's configuration label, ``"policy=chunked, max_num_seqs=128"`` (``"all runs"`` when ``by`` is empty)."""
+def _configs(ok: pd.DataFrame, by: Sequence[str], names: bool = True) -> pd.Series:
+    """Each row's configuration label, ``"policy=chunked, max_num_seqs=128"`` (``names=False``: ``"chunked, 128"``;
+    ``"all runs"`` when ``by`` is empty)."""
     if not by:
         return pd.Series("all runs", index=ok.index)
-    parts = [ok[c].map(lambda v, c=c: f"{c}={value_text(v)}") for c in by]
-    return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+    labels = pd.Series("", index=ok.index)
+    for k, c in enumerate(by):
+        codes, distinct = pd.factorize(ok[c], use_na_sentinel=False)  # each distinct value written once
+        texts = np.array([f"{c}={value_text(v)}" if names else value_text(v) for v in distinct], dtype=object)
+        labels = labels + (", " if k else "") + texts[codes]
+    return labels
 
 
 def _varying(ok: pd.DataFrame, columns: Sequence[str]) -> list[str]:
@@ -178,15 +180,14 @@ def pareto_front(table: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     sorted by ``x``; rows with either value missing take no part."""
     ok = ok_rows(table, (x, y))
     xs, ys = _numeric(ok, x), _numeric(ok, y)
-    keep = xs.notna() & ys.notna()
-    order = pd.DataFrame({"x": xs[keep], "y": -ys[keep]}).sort_values(["x", "y"], kind="stable").index
-    front, best, at = [], -math.inf, math.nan
-    for i in order:
-        xi, yi = float(xs[i]), float(ys[i])
-        if yi > best or (yi == best and xi == at):  # an exact duplicate of a front point is on the front too
-            front.append(i)
-            best, at = yi, xi
-    return ok.loc[front]
+    pairs = pd.DataFrame({"x": xs, "y": ys}).dropna()
+    pairs = pairs.sort_values(["x", "y"], ascending=[True, False], kind="stable")
+    y_sorted = pairs["y"].to_numpy()
+    best_before = np.concatenate([[-np.inf], np.maximum.accumulate(y_sorted)[:-1]])
+    beats = pairs[y_sorted > best_before]  # higher y than every row of lower (or equal, listed first) x
+    # an exact duplicate of a front row is on the front too
+    on_front = pd.MultiIndex.from_frame(pairs).isin(pd.MultiIndex.from_frame(beats))
+    return ok.loc[pairs.index[on_front]]
 
 
 def pareto(
@@ -204,28 +205,36 @@ def pareto(
         color = candidates[0] if candidates else None
     xs, ys = _numeric(ok, x), _numeric(ok, y)
     ok = ok[xs.notna() & ys.notna()]
+    if ok.empty:
+        raise ValueError(f"no ok run has both {x} and {y}")
     front = pareto_front(ok, x, y)
+    size = 90 if len(ok) <= 500 else max(8.0, 90 * math.sqrt(500 / len(ok)))  # many runs: smaller points
+    scale = math.sqrt(90 / size)  # ... but legend markers as large as ever
     with language("en"):
         fig, ax = _figure()
         if color is None:
-            ax.scatter(xs[ok.index], ys[ok.index], s=70, color=CATEGORY_COLORS[0], alpha=0.85, label="run")
+            ax.scatter(xs[ok.index], ys[ok.index], s=size, color=CATEGORY_COLORS[0], alpha=0.85, label="run")
         elif _is_numeric(ok[color]):
-            _scatter_numeric(fig, ax, xs[ok.index], ys[ok.index], ok[color], color)
+            _scatter_numeric(fig, ax, xs[ok.index], ys[ok.index], ok[color], color, size)
         else:
-            _scatter_categories(ax, xs[ok.index], ys[ok.index], ok[color], color)
+            _scatter_categories(ax, xs[ok.index], ys[ok.index], ok[color], size)
+        if len(ok) > 2000:  # the SVG keeps its axes and text as vectors, the many points as one image
+            for points in ax.collections:
+                points.set_rasterized(True)
         fx, fy = xs[front.index].to_numpy(), ys[front.index].to_numpy()
         right = float(xs[ok.index].max())
         ax.step(np.append(fx, right), np.append(fy, fy[-1]), where="post", color="#333333", linewidth=2.2,
                 zorder=3, label="Pareto front")  # fmt: skip
         ax.scatter(fx, fy, s=260, facecolors="none", edgecolors="#333333", linewidths=2.2, zorder=4)
         _maybe_log(ax, xs[ok.index], "x")
-        ax.set_xlabel(label(x) + " (lower is better)")
-        ax.set_ylabel(label(y) + " (higher is better)")
-        ax.set_title(f"{y} against {x}: {len(ok)} runs, {len(front)} on the Pareto front", loc="left")
+        ax.set_xlabel(label(x) + ", lower is better")
+        ax.set_ylabel(label(y) + ", higher is better")
+        _title(fig, f"{y} against {x}: {len(ok):,} runs, {len(front):,} on the Pareto front")
         ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        ax.legend(handles, labels, title=color if color and not _is_numeric(ok[color]) else None,
-                  loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # fmt: skip
+        if color is not None and not _is_numeric(ok[color]):  # a legend of categories, beside the axes
+            ax.legend(title=color, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, markerscale=scale)
+        else:  # the colour bar is beside the axes: the front's legend goes inside
+            ax.legend(loc="best", markerscale=scale)
         return _save(fig, out)
 
 
@@ -233,22 +242,32 @@ def _is_numeric(values: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
 
 
-def _scatter_numeric(fig: Figure, ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, name: str) -> None:
+def _scatter_numeric(
+    fig: Figure, ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, name: str, size: float
+) -> None:
     v = pd.to_numeric(values, errors="coerce")
+    if v.isna().any():  # a parameter some runs leave unset (e.g. a threshold only one policy has): grey points
+        ax.scatter(xs[v.isna()], ys[v.isna()], s=size, color="#AAAAAA", alpha=0.85, label=f"{name} none")
+        xs, ys, v = xs[v.notna()], ys[v.notna()], v[v.notna()]
     low, high = float(v.min()), float(v.max())
     norm: mcolors.Normalize = (
         mcolors.LogNorm(low, high) if low > 0 and high / low >= 20 else mcolors.Normalize(low, max(high, low + 1e-12))
     )
-    points = ax.scatter(xs, ys, c=v, cmap="viridis", norm=norm, s=70, alpha=0.9, edgecolors="white", linewidths=0.5)
+    points = ax.scatter(xs, ys, c=v, cmap="viridis", norm=norm, s=size, alpha=0.9, edgecolors="white", linewidths=0.5)
     bar = fig.colorbar(points, ax=ax, pad=0.02)
     bar.set_label(label(name))
+    distinct = sorted(v.dropna().unique())
+    if len(distinct) <= 10:  # a few swept values: tick exactly those
+        bar.set_ticks(distinct, labels=[value_text(d) for d in distinct])
+        bar.minorticks_off()
 
 
-def _scatter_categories(ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, name: str) -> None:
+def _scatter_categories(ax: Axes, xs: pd.Series, ys: pd.Series, values: pd.Series, size: float) -> None:
+    texts = values.map(value_text)
     for k, value in enumerate(_ordered(values)):
-        mask = values.map(value_text) == value_text(value)
-        ax.scatter(xs[mask], ys[mask], s=70, alpha=0.85, color=CATEGORY_COLORS[k % len(CATEGORY_COLORS)],
-                   marker=MARKERS[k % len(MARKERS)], label=value_text(value))  # fmt: skip
+        mask = texts == value_text(value)
+        color, marker = _style(k)
+        ax.scatter(xs[mask], ys[mask], s=size, alpha=0.85, color=color, marker=marker, label=value_text(value))
 
 
 # ---- a metric over two axes -------------------------------------------------------------------------------------
@@ -290,7 +309,7 @@ def heatmap(
         image = ax.imshow(cells, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(grid.shape[1]), list(grid.columns))
         ax.set_yticks(range(grid.shape[0]), list(grid.index))
-        if grid.shape[1] > 8 or max((len(str(c)) for c in grid.columns), default=0) > 8:
+        if grid.shape[1] * max((len(str(c)) for c in grid.columns), default=0) > 90:  # labels would touch
             ax.tick_params(axis="x", labelrotation=30)
         ax.set_xlabel(label(a))
         ax.set_ylabel(label(b))
@@ -299,42 +318,37 @@ def heatmap(
         if cells.size <= 400:
             size = 14 if cells.size <= 36 else 11 if cells.size <= 120 else 8
             for (i, j), v in np.ndenumerate(cells):
-                text = "-" if np.isnan(v) else _number(v)
-                rgb = image.cmap(image.norm(v))[:3] if not np.isnan(v) else (1.0, 1.0, 1.0)
-                dark = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2] < 0.5
+                # white on dark cells (relative luminance, ITU-R BT.709 weights), black elsewhere
+                dark = not np.isnan(v) and np.dot(image.cmap(image.norm(v))[:3], (0.2126, 0.7152, 0.0722)) < 0.5
+                digits = ",.0f" if abs(v) >= 100 else ".1f" if abs(v) >= 10 else ".3g"
+                text = "-" if np.isnan(v) else format(v, digits)
                 ax.text(j, i, text, ha="center", va="center", fontsize=size, color="white" if dark else "black")
         runs = len(ok_rows(table, (metric,)))
-        ax.set_title(f"{metric}, mean over seeds and other columns ({runs} runs)", loc="left")
+        _title(fig, f"{metric}, mean over seeds and other columns ({runs:,} runs)")
         return _save(fig, out)
-
-
-def _number(v: float) -> str:
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    return f"{v:.3g}"
 
 
 # ---- capacity ---------------------------------------------------------------------------------------------------
 
 
 def capacity_table(table: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
-    """``max_rate`` per configuration (``by``, default the swept columns but seed and request_rate): its mean,
-    min and max over the ok runs and how many there were, best first."""
+    """``max_rate`` per configuration (``by``, default the swept columns but seed and request_rate): its label,
+    mean, min and max over the ok runs, how many there were, and the ``by`` values; best first."""
     if "max_rate" not in table.columns:
         raise ValueError("column 'max_rate' is not in the results: capacity needs a sweep run with `mode: max_rate`")
     by = list(config_columns(table) if by is None else by)
     ok = ok_rows(table, ("max_rate", *by))
     rates = _numeric(ok, "max_rate")
-    frame = pd.DataFrame({"configuration": _configs(ok, by), "max_rate": rates}).dropna()
-    stats = frame.groupby("configuration", sort=False)["max_rate"].agg(["mean", "min", "max", "count"])
+    frame = pd.concat([pd.DataFrame({"configuration": _configs(ok, by), "max_rate": rates}), ok[by]], axis=1)
+    groups = frame[frame["max_rate"].notna()].groupby("configuration", sort=False)
+    stats = groups["max_rate"].agg(["mean", "min", "max", "count"]).join(groups[by].first())
     return stats.sort_values("mean", ascending=False, kind="stable").reset_index()
 
 
 def capacity(table: pd.DataFrame, by: Sequence[str] | None = None, out: Path | str = "plot-capacity") -> list[Path]:
     """Bars of the highest request rate meeting the SLO per configuration, best at the top, with the min-max over
     seeds as error bars."""
+    by = list(config_columns(table) if by is None else by)
     stats = capacity_table(table, by)
     n = len(stats)
     with language("en"):
@@ -347,12 +361,16 @@ def capacity(table: pd.DataFrame, by: Sequence[str] | None = None, out: Path | s
         top = float(stats["max"].max()) if n else 1.0
         for r, (mean, high) in zip(rows, zip(stats["mean"], stats["max"], strict=True), strict=True):
             ax.text(high + 0.01 * top, r, f" {mean:.3g}", va="center", fontsize=12)
-        ax.set_yticks(rows, list(stats["configuration"]))
+        labels = list(stats["configuration"])
+        if max(map(len, labels), default=0) > 50:  # long labels would squeeze the bars: values only, names below
+            labels = [", ".join(value_text(v) for v in values) for values in stats[list(by)].itertuples(index=False)]
+            ax.set_ylabel(textwrap.fill(", ".join(by), 60))
+        ax.set_yticks(rows, labels)
         ax.set_xlim(0, top * 1.12 if top > 0 else 1.0)
         ax.set_xlabel(label("max_rate") + ": the highest rate meeting the SLO")
         ax.grid(axis="x", alpha=0.3)
         spread = " (bars: mean; whiskers: min-max over seeds)" if (stats["count"] > 1).any() else ""
-        ax.set_title(f"Capacity of {n} configurations{spread}", loc="left")
+        _title(fig, f"Capacity of {n} configurations{spread}")
         return _save(fig, out)
 
 
@@ -370,7 +388,7 @@ def latency_rate(
     ok = ok_rows(table, (latency, "request_rate", *(by or ())))
     by = list(_varying(ok, config_columns(table)) if by is None else by)
     frame = pd.DataFrame(
-        {"group": _configs(ok, by), "rate": _numeric(ok, "request_rate"), "latency": _numeric(ok, latency)}
+        {"group": _configs(ok, by, names=False), "rate": _numeric(ok, "request_rate"), "latency": _numeric(ok, latency)}
     ).dropna()
     if frame.empty:
         raise ValueError(f"no ok run has both request_rate and {latency}")
@@ -379,24 +397,31 @@ def latency_rate(
         groups = list(dict.fromkeys(frame["group"]))
         for k, group in enumerate(groups):
             stats = frame[frame["group"] == group].groupby("rate")["latency"].agg(["mean", "min", "max"])
-            c = CATEGORY_COLORS[k % len(CATEGORY_COLORS)]
+            c, marker = _style(k)
             style = ("-", "--", ":", "-.")[(k // len(CATEGORY_COLORS)) % 4]
-            ax.plot(stats.index, stats["mean"], marker=MARKERS[k % len(MARKERS)], linestyle=style, color=c,
-                    linewidth=2, markersize=7, label=group)  # fmt: skip
-            if (stats["max"] > stats["min"]).any():
+            ax.plot(stats.index, stats["mean"], marker=marker, linestyle=style, color=c, linewidth=2, markersize=7,
+                    label=group)  # fmt: skip
+            if len(groups) <= 6 and (stats["max"] > stats["min"]).any():  # more bands than that hide the lines
                 ax.fill_between(stats.index, stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
         _maybe_log(ax, frame["latency"], "y")
         ax.set_xlabel(label("request_rate"))
         ax.set_ylabel(label(latency))
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
-        ax.legend(title=", ".join(by) if by else None, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+        title = textwrap.fill(", ".join(by), 40) if by else None
+        ax.legend(title=title, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
                   fontsize=11 if len(groups) <= 12 else 9)  # fmt: skip
-        ax.set_title(f"{latency} against request rate ({len(frame)} runs)", loc="left")
+        _title(fig, f"{latency} against request rate ({len(frame):,} runs)")
         return _save(fig, out)
 
 
 # ---- drawing ----------------------------------------------------------------------------------------------------
+
+
+def _style(k: int) -> tuple[str, str]:
+    """The colour and marker of the ``k``-th category: no two of the first 64 share both."""
+    n = len(CATEGORY_COLORS)
+    return CATEGORY_COLORS[k % n], MARKERS[(k + k // n) % len(MARKERS)]
 
 
 def _figure(height: float = SLIDE[1]) -> tuple[Figure, Axes]:
@@ -407,10 +432,25 @@ def _figure(height: float = SLIDE[1]) -> tuple[Figure, Axes]:
 
 
 def _maybe_log(ax: Axes, values: pd.Series, axis: str) -> None:
-    """A log scale when positive values span more than 30x (latency near saturation grows by orders of magnitude)."""
+    """A log scale when positive values span more than 30x (latency near saturation grows by orders of magnitude),
+    its ticks written as plain numbers (20, 50, 100 rather than 10^2), the 2s and 5s too when it spans few decades."""
+    from matplotlib import ticker
+
     v = values[values > 0]
-    if len(v) == len(values) and len(v) and float(v.max()) / float(v.min()) > 30:
-        ax.set_xscale("log") if axis == "x" else ax.set_yscale("log")
+    if not (len(v) == len(values) and len(v) and float(v.max()) / float(v.min()) > 30):
+        return
+    ax.set_xscale("log") if axis == "x" else ax.set_yscale("log")
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    plain = ticker.FuncFormatter(lambda t, _: f"{t:g}")
+    scale.set_major_formatter(plain)
+    scale.set_minor_locator(ticker.LogLocator(subs=(2.0, 5.0)))
+    few = math.log10(float(v.max()) / float(v.min())) <= 3
+    scale.set_minor_formatter(plain if few else ticker.NullFormatter())
+
+
+def _title(fig: Figure, text: str) -> None:
+    """A title over the whole figure from its left edge (an axes title would run off a narrow axes' right side)."""
+    fig.suptitle(text, x=0.01, ha="left", fontsize="large")
 
 
 def _save(fig: Figure, out: Path | str) -> list[Path]:

@@ -222,3 +222,11 @@ def test_cli_namespace_and_a_folder_without_results(tmp_path: Path) -> None:
                               by=None, latency=None, out=None)  # fmt: skip
     with pytest.raises(FileNotFoundError, match="results.parquet: not found"):
         plot.main(args)
+
+
+def test_labels_show_values_briefly() -> None:
+    assert [sweep_plots.value_text(v) for v in (2.0, 0.125, None, float("nan"), True, "chunked")] == [
+        "2", "0.125", "none", "none", "True", "chunked"
+    ]  # fmt: skip
+    assert sweep_plots.value_text("../shared/data/traces/sharegpt.csv") == "sharegpt.csv"
+    assert sweep_plots.value_text("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"

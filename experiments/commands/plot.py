@@ -58,14 +58,15 @@ def main(args: argparse.Namespace) -> int:
         front = sweep_plots.pareto_front(table, x, y)
         shown = [c for c in sweep_plots.swept_columns(table) if c in front.columns] + [x, y]
         print(f"Pareto front ({len(front)} runs):")
-        print(front[list(dict.fromkeys(shown))].to_string(index=False))
+        print(front[list(dict.fromkeys(shown))].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     elif args.kind == "heatmap":
         a, b = args.axes or (None, None)
         paths = sweep_plots.heatmap(table, args.metric or "output_throughput", a, b, out)
     elif args.kind == "capacity":
         paths = sweep_plots.capacity(table, args.by, out)
         stats = sweep_plots.capacity_table(table, args.by)
-        print(stats.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        shown = stats[["configuration", "mean", "min", "max", "count"]].rename(columns={"mean": "max_rate"})
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     else:
         paths = sweep_plots.latency_rate(table, args.latency or "p99_ttft_ms", args.by, out)
     for path in paths:

@@ -35,11 +35,13 @@ def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
         if point.config is None:
             raise ValueError(point.error)
         if spec.mode == "max_rate":
-            row |= capacity(point, spec)
+            metrics = capacity(point, spec)
         else:
             from experiments.simulation import run_simulation
 
-            row |= scalars(run_simulation(point.config).summary)
+            metrics = scalars(run_simulation(point.config).summary)
+        # a swept value stays as the sweep file gave it (the summary names a model or device its own way)
+        row |= {k: v for k, v in metrics.items() if k not in point.params}
     except Exception as exc:  # noqa: BLE001 (a point's failure is recorded, not raised: the sweep goes on)
         from experiments.teach.scenario import one_line
 
