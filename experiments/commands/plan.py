@@ -125,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
     from experiments.plan.slo import parse_slo
     from experiments.simulation import build_workload
 
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: the number of processes, at least 1")
     slo = parse_slo(args.slo, args.min_goodput, args.goodput)
     prices = load_prices(args.prices)
     base = base_config(args)

@@ -42,6 +42,8 @@ def main(args: argparse.Namespace) -> int:
     from experiments.sweep.spec import expand, load_spec
     from experiments.sweep.store import Store
 
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: the number of processes, at least 1")
     spec = load_spec(args.spec)
     points = expand(spec)
     swept = spec.swept()
