@@ -179,6 +179,4 @@ def main(args: argparse.Namespace) -> int:
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
-    if isinstance(value, float):
-        return None
     return str(value)

@@ -10,13 +10,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
 from experiments.sweep.spec import Point, SweepSpec
 
 
+@lru_cache(maxsize=1)
 def version() -> str:
+    """ferry's installed version (read once per process: each point's row carries it)."""
     try:
         return metadata.version("ferry")
     except metadata.PackageNotFoundError:

@@ -12,6 +12,7 @@ and sits near the compute roof. Nothing here is hard-coded: every number comes f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,7 @@ LABELS: dict[str, tuple[str, str]] = {
         "배치 {n}: {ms:.1f} ms 반복 한 번에\n토큰 {n}개 → 개당 {per:.2f} ms\n(배치 1: {ms1:.1f} ms에 토큰 1개)",
     ),
 }
-
-
-def _text(key: str, lang: str, **values: object) -> str:
-    """This figure's label ``key`` in ``lang``, by the rule of ``labels.text`` (which holds the shared words)."""
-    if key not in LABELS:
-        return labels.text(key, lang, **values)
-    if lang not in labels.LANGS:
-        raise ValueError(f"--lang {lang!r}: choose one of {', '.join(labels.LANGS)}")
-    words = LABELS[key][labels.LANGS.index(lang)]
-    return words.format(**values) if values else words
+_text = partial(labels.text, own=LABELS)  # this figure's words first, then the shared ones
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -68,9 +68,10 @@ LABELS: dict[str, tuple[str, str]] = {
 }
 
 
-def text(key: str, lang: str, **values: object) -> str:
-    """The label ``key`` in ``lang`` (``en`` or ``ko``), with ``values`` filled into its ``{}`` fields."""
+def text(key: str, lang: str, own: dict[str, tuple[str, str]] | None = None, **values: object) -> str:
+    """The label ``key`` in ``lang`` (``en`` or ``ko``), with ``values`` filled into its ``{}`` fields; ``own``: a
+    figure's own words, looked up before the shared ones."""
     if lang not in LANGS:
         raise ValueError(f"--lang {lang!r}: choose one of {', '.join(LANGS)}")
-    words = LABELS[key][LANGS.index(lang)]
+    words = (own if own is not None and key in own else LABELS)[key][LANGS.index(lang)]
     return words.format(**values) if values else words

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "legend_output": ("output: made later, one token per iteration (decode)", "출력: 이후 반복마다 한 토큰씩 (디코드)"),
     "legend_waiting": ("waiting for a later iteration", "다음 반복을 기다리는 요청"),
 }
-
-
-def _text(key: str, lang: str, **values: object) -> str:
-    """This figure's label ``key`` in ``lang``, by the rule of ``labels.text`` (which holds the shared words)."""
-    if key not in LABELS:
-        return labels.text(key, lang, **values)
-    if lang not in labels.LANGS:
-        raise ValueError(f"--lang {lang!r}: choose one of {', '.join(labels.LANGS)}")
-    words = LABELS[key][labels.LANGS.index(lang)]
-    return words.format(**values) if values else words
+_text = partial(labels.text, own=LABELS)  # this figure's words first, then the shared ones
 
 
 # ---------------------------------------------------------------------------------------------------------------------
