@@ -20,7 +20,7 @@ setup-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,calibrate,dask]'
+	$(BIN)/pip install --quiet -e '.[dev,calibrate,dask,serve]'
 	touch $@
 
 # The main job: llama-3-8b on one H100 SXM as a default `vllm serve` would run it (chunked prefill, the limits vLLM

@@ -38,14 +38,41 @@ class Reason(IntEnum):
     EXCEEDS_MAX_MODEL_LEN = 2  # prompt + output tokens > max_model_len
     EXCEEDS_KV_CACHE = 3  # prompt + output tokens can never fit in the whole KV cache
     STALLED = 4  # the policy stopped scheduling with work left (a policy bug; never expected)
+    ABORTED = 5  # its client went away before it ended (a live server, ``experiments.real.live``)
+    FAILED = 6  # a live server did not serve it (seen from a client: an error, or no token; ``experiments.real``)
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
 
+# every column: name and the value of a request that has not started (what ``RequestTable.append`` fills in)
+COLUMN_FILLS: tuple[tuple[str, float], ...] = (
+    ("arrival", np.nan),
+    ("prompt", 0),
+    ("output_wanted", 0),
+    ("computed", 0),
+    ("generated", 0),
+    ("status", Status.PENDING),
+    ("reason", Reason.NONE),
+    ("preemptions", 0),
+    ("recomputed", 0),
+    ("admit_order", -1),
+    ("first_scheduled", np.nan),
+    ("first_token", np.nan),
+    ("last_token", np.nan),
+    ("finish", np.nan),
+    ("released", np.nan),
+)
+MIN_CAPACITY = 64  # rows a table that grows reserves at least
+
+
 class RequestTable:
-    """All requests of a run as numpy columns, indexed by request number ``0..n-1`` in arrival order."""
+    """All requests of a run as numpy columns, indexed by request number ``0..n-1`` in arrival order.
+
+    Every column has exactly ``n`` rows. A live server learns its requests one at a time (``append``): the columns
+    are then views of the first ``n`` rows of larger buffers that double when full, so an append costs O(1)
+    amortised. Read the columns through the table (``table.status``), never keep one: an append replaces them."""
 
     def __init__(
         self,
@@ -73,9 +100,33 @@ class RequestTable:
         self.last_token = nan.copy()  # end of the iteration that sampled its latest token (s)
         self.finish = nan.copy()  # time its last token was made (s)
         self.released = nan.copy()  # time it gave back its seat and memory: its finish, or its batch's end (s)
+        self._buffers: dict[str, np.ndarray] = {}  # the columns' storage once the table grows (``append``)
 
     def __len__(self) -> int:
         return self.n
+
+    def append(self, arrival: float, prompt: int, output_wanted: int) -> int:
+        """Add a request arriving at ``arrival`` (s) with ``prompt`` tokens that wants ``output_wanted`` output
+        tokens, not yet started (pending, nothing computed, no times); returns its index (the old ``n``)."""
+        i = self.n
+        if any(name not in self._buffers or getattr(self, name).base is not self._buffers[name]
+               for name, _ in COLUMN_FILLS):  # fmt: skip
+            self._regrow(max(MIN_CAPACITY, 2 * i))  # first growth, or a column was replaced since
+        elif i == len(self._buffers["arrival"]):
+            self._regrow(2 * i)
+        self.n = i + 1
+        for name, _ in COLUMN_FILLS:
+            setattr(self, name, self._buffers[name][: self.n])
+        self.arrival[i], self.prompt[i], self.output_wanted[i] = arrival, prompt, output_wanted
+        return i
+
+    def _regrow(self, capacity: int) -> None:
+        """Move every column into a buffer of ``capacity`` rows (the rows past ``n`` hold a new request's values)."""
+        for name, fill in COLUMN_FILLS:
+            column = getattr(self, name)
+            buffer = np.full(capacity, fill, dtype=column.dtype)
+            buffer[: self.n] = column
+            self._buffers[name] = buffer
 
     def total_tokens(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.int64] | np.int64:
         """Tokens the request holds now: prompt plus output sampled so far (tokens)."""
@@ -92,7 +143,6 @@ class RequestTable:
     def take(self, rows: npt.NDArray[np.int64]) -> RequestTable:
         """A new table of the requests ``rows`` (in that order), their counters and times copied."""
         out = RequestTable(self.arrival[rows], self.prompt[rows], self.output_wanted[rows])
-        for name in ("computed", "generated", "status", "reason", "preemptions", "recomputed", "admit_order",
-                     "first_scheduled", "first_token", "last_token", "finish", "released"):  # fmt: skip
+        for name, _ in COLUMN_FILLS[3:]:  # all but arrival, prompt and output_wanted
             setattr(out, name, getattr(self, name)[rows].copy())
         return out
