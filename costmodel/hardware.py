@@ -34,7 +34,7 @@ from costmodel.dtypes import PEAK_KEY
 
 PROFILES_DIR = Path(hwprofiles.__file__).parent
 _SUFFIXES = (".yaml", ".yml", ".json")
-NOT_PROFILES = ("prices",)  # files beside the profiles that are not profiles (``costmodel.prices``)
+NOT_PROFILES = ("prices", "engines")  # files beside the profiles that are not profiles (costmodel.prices, .engines)
 ASSUMPTION = "assumption"  # the ``source`` of a number nobody measured yet
 MEASURED = "measured"  # the ``source`` of a number a calibration fitted (see provenance.measurements)
 

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from costmodel.engines import get_engine
 from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number, SchedulerConfig
 from policies.vllm_defaults import LATEST, OLDEST, release_in_force
 from sim.workload import FORMATS, LengthSpec, parse_length_spec
@@ -157,6 +158,11 @@ class RunConfig(BaseModel):
 
     model: str = Field("llama-3-8b", description="built-in model name or path to a Hugging Face config.json")
     hardware: str = Field("h100-sxm", description="built-in hardware profile name or path to a profile file")
+    engine_overheads: str | None = Field(
+        None,
+        description="a serving engine's host overheads in place of the hardware profile's: a preset of "
+        "hwprofiles/engines.yaml (vllm-v1, trt-llm, vllm-v0, eager); None: the profile's own",
+    )
     tensor_parallel_size: StrictInt = Field(1, ge=1, description="GPUs the replica's tensors are split over")
     dtype: str = Field("auto", description="weights and activations: auto (config's torch_dtype), bf16, fp16, fp32")
     kv_cache_dtype: str = Field("auto", description="KV cache: auto (= dtype) or fp8, ...")
@@ -220,6 +226,14 @@ class RunConfig(BaseModel):
     @classmethod
     def _nest(cls, data: Any) -> Any:
         return nest_flat_fields(data)
+
+    @field_validator("engine_overheads")
+    @classmethod
+    def _engine(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        get_engine(value)  # refuses a name that is not a preset, listing the presets
+        return value.strip().lower()
 
     @field_validator("vllm_defaults")
     @classmethod
@@ -337,6 +351,8 @@ class RunConfig(BaseModel):
         for key in ("input_len", "output_len"):
             if isinstance(workload.get(key), dict) and workload[key].get("path"):
                 workload[key]["path"] = str(Path(workload[key]["path"]).resolve())
+        if data.get("engine_overheads") is None:  # written when set: older configs (and sweep hashes) stay as they were
+            data.pop("engine_overheads", None)
         for key in ("model", "hardware"):  # a path to a config.json or a profile, not a built-in name
             if Path(data[key]).suffix in (".json", ".yaml", ".yml") and Path(data[key]).exists():
                 data[key] = str(Path(data[key]).resolve())

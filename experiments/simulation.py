@@ -18,6 +18,7 @@ import pandas as pd
 
 import policies
 from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
+from costmodel.engines import apply_engine
 from experiments import outputs
 from experiments.config import RunConfig
 from policies.config import ITERATION_LIMITED
@@ -155,6 +156,8 @@ def build_replica(config: RunConfig) -> Replica:
     """Load the model and the hardware profile, build the cost model, resolve the config, plan the memory."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
+    if config.engine_overheads is not None:
+        hardware = apply_engine(hardware, config.engine_overheads)
     cost = CostModel(
         model,
         hardware,

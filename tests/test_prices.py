@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from costmodel.hardware import PROFILES_DIR
+from costmodel.hardware import NOT_PROFILES, PROFILES_DIR
 from costmodel.prices import PRICES_FILE, Price, builtin_prices_path, load_prices, price_of
 
-PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.name != PRICES_FILE)  # a new profile included
+PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem not in NOT_PROFILES)  # a new profile included
 
 
 def write(tmp_path: Path, text: str, name: str = "mine.yaml") -> Path:

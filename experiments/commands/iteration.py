@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from costmodel import CostModel, IterationBreakdown, IterationShape, load_hardware, load_model
+from costmodel.engines import apply_engine
 
 _PAIR = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
 
@@ -46,12 +47,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel GPUs (default 1)"
     )
+    parser.add_argument(
+        "--engine-overheads", metavar="NAME", default=None, help="an engine preset's host overheads (vllm-v1, ...)"
+    )
 
 
 def cost_model_from_args(args: argparse.Namespace) -> CostModel:
+    hardware = load_hardware(args.hardware)
+    if args.engine_overheads is not None:
+        hardware = apply_engine(hardware, args.engine_overheads)
     return CostModel(
         load_model(args.model),
-        load_hardware(args.hardware),
+        hardware,
         tp=args.tp,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -49,6 +49,13 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     g = p.add_argument_group("replica")
     g.add_argument("--model", default=S, help="built-in model (llama-3-8b, ...) or path to a HF config.json")
     g.add_argument("--hardware", default=S, help="built-in hardware profile (h100-sxm, ...) or path to a profile")
+    g.add_argument(
+        "--engine-overheads",
+        metavar="NAME",
+        default=S,
+        help="a serving engine's host overheads in place of the profile's: vllm-v1, trt-llm, vllm-v0, eager "
+        "(hwprofiles/engines.yaml)",
+    )
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=S, help="GPUs per replica (default 1)")
     g.add_argument("--dtype", default=S, help="auto (the config's torch_dtype), bfloat16, float16, float32")
     g.add_argument("--kv-cache-dtype", default=S, help="auto (= dtype) or fp8")
@@ -286,8 +293,9 @@ def format_summary(s: dict[str, Any]) -> str:
     sched = cfg["scheduler"]
     mem = s["memory"]
     groups = s.get("replica_groups")
+    engine = f" ({cfg['engine_overheads']} overheads)" if cfg.get("engine_overheads") else ""
     replica_rows: list[tuple[str, Any]] = [
-        ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}"),
+        ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}{engine}"),
         ("Policy", sched["policy"]),
         *scheduler_rows(s),
         ("Workload", s["workload"]),
