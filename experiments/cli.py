@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "experiments.commands.kv_usage",
     "experiments.commands.calibrate",
     "experiments.commands.validate",
+    "experiments.commands.serve",
+    "experiments.commands.probe",
     "experiments.commands.teach",
     "experiments.commands.plan",
     "experiments.commands.sweep",

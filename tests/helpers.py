@@ -1,8 +1,14 @@
-"""Small helpers for tests: requests from lists, stand-in cost models, and a one-call simulation."""
+"""Small helpers for tests: requests from lists, stand-in cost models, a one-call simulation, a live server."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -14,6 +20,8 @@ from sim.engine import simulate
 from sim.kvcache import KVCacheManager
 from sim.records import RunRecords
 from sim.request import RequestTable
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_requests(
@@ -72,3 +80,22 @@ def run(
     kv = KVCacheManager(kv_blocks, block_size, len(requests), watermark=watermark)
     timer = timer or ConstantTimer()
     return simulate(requests, policies.get(cfg), timer, kv, cfg.max_model_len, engine=engine, stream=stream)
+
+
+@contextlib.contextmanager
+def serving(args: list[str], stderr: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``ferry serve ARGS --port 0`` as a subprocess: yields it and its base URL (``http://HOST:PORT/v1``, from its
+    ready line) once it listens; killed at the end if still running. Its stderr goes to ``stderr``."""
+    cmd = [sys.executable, "-m", "experiments.cli", "serve", *args, "--port", "0"]
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline() if proc.stdout else ""), daemon=True).start()
+    try:
+        line = lines.get(timeout=90)
+        assert "listening on http://" in line, f"{line!r}; stderr: {stderr.read_text()}"
+        yield proc, line.split("listening on ")[1].strip()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -41,6 +41,7 @@ from costmodel.calibration.fit import (
 from costmodel.dtypes import PEAK_KEY
 from costmodel.hardware import OP_CLASSES, HardwareProfile, parse_hardware
 
+CLIENT = "client_s"  # the overhead feature of a client's wait for its first token beyond the iteration
 NON_KERNEL = ("iteration", "bandwidth", "capacity", "launch", "communication")
 # the order in which a series' points are ranked for the held-out split
 _ORDER = ("num_tokens", "batch_size", "chunk", "context", "seqs")
@@ -57,6 +58,9 @@ class FitResult:
     # every measured row with its prediction by the profile and whether it was held out
     rows: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    # seconds a client waits beyond the iteration for a first token (request handling, tokenization, the network):
+    # fitted when rows carry ``client_requests`` (a probe's TTFTs), else 0; not part of the profile
+    client_s: float = 0.0
 
 
 def split(raw: pd.DataFrame) -> np.ndarray:
@@ -94,6 +98,7 @@ def fit_profile(
     loss: str = "l1",
     joint: bool = True,
     balance: bool = True,
+    held: np.ndarray | None = None,
 ) -> FitResult:
     """Fit a calibrated profile to ``raw`` (rows in the raw format, see the module docstring).
 
@@ -104,20 +109,31 @@ def fit_profile(
     ``joint=True`` (the default) fits the curves to the kernel rows and the whole iterations together (an iteration
     is its kernels plus the host overheads): kernels inside a forward pass run a little slower than alone (caches
     shared with their neighbours, glue between them), ~10-15% on a CPU, and the iterations are what the simulator
-    predicts. ``joint=False`` fits the curves to the kernels alone, then the overheads to what they leave."""
+    predicts. ``joint=False`` fits the curves to the kernels alone, then the overheads to what they leave.
+
+    ``held`` (one bool per row) chooses the rows held out instead of ``split``: a probe holds out whole requests."""
     raw = raw.reset_index(drop=True)
-    dtypes = sorted(set(raw.loc[raw["op_class"].isin(OP_CLASSES), "dtype"].astype(str)))
+    kernel = raw["op_class"].isin(OP_CLASSES).to_numpy()
+    iteration = (raw["op_class"] == "iteration").to_numpy()
+    # whole iterations alone (another engine's, measured from outside) are fitted as their kernels plus overheads
+    iterations_only = not kernel.any() and iteration.any()
+    if not kernel.any() and not iterations_only:
+        raise ValueError("no kernel measurements to fit (rows with op_class gemm, attention_*, elementwise)")
+    if iterations_only and base is None:
+        raise ValueError(
+            "fitting whole iterations alone needs a base profile for the device's peak rates (a datasheet profile "
+            "such as h100-sxm, or a calibrated one): give --base"
+        )
+    dtypes = sorted(set(raw.loc[kernel | (iteration & iterations_only), "dtype"].astype(str)))
     if len(dtypes) != 1:
         raise ValueError(f"measurements in {len(dtypes)} dtypes ({', '.join(dtypes)}): fit one dtype at a time")
     dtype = dtypes[0]
     act_key = PEAK_KEY[dtype]
-    kernel = raw["op_class"].isin(OP_CLASSES).to_numpy()
-    iteration = (raw["op_class"] == "iteration").to_numpy()
-    if not kernel.any():
-        raise ValueError("no kernel measurements to fit (rows with op_class gemm, attention_*, elementwise)")
     measured = raw["median_s"].to_numpy(dtype=float)
     terms = [load_terms(k) if k else () for k in raw["kernels"].fillna("[]")]
-    held = split(raw)
+    held = split(raw) if held is None else np.asarray(held, dtype=bool)
+    if len(held) != len(raw):
+        raise ValueError(f"held marks {len(held)} rows, the measurements have {len(raw)}")
     notes: list[str] = []
 
     # device rates: the base's, or measured
@@ -196,9 +212,14 @@ def fit_profile(
     if fitted_overheads and not joint:
         train = iteration & ~held
         coef = _fit_overheads(kernel_s[train], features[train], measured[train], loss, weight[train])
-    overheads = Overheads(**dict(zip(fitted_overheads, (float(c) for c in coef), strict=True)))
+    fitted = dict(zip(fitted_overheads, (float(c) for c in coef), strict=True))
+    client_s = fitted.pop(CLIENT, 0.0)
+    overheads = Overheads(**fitted)
+    fitted_overheads = [n for n in fitted_overheads if n != CLIENT]
     predicted[timed] = kernel_s[timed] + (features[timed] @ coef if fitted_overheads else 0.0)
-    kflat = Flat([terms[i] for i in np.flatnonzero(kernel)])
+    # the kernels whose sides the fit saw: the kernel rows', or those inside the iterations when there are none
+    seen = iteration if iterations_only else kernel
+    kflat = Flat([terms[i] for i in np.flatnonzero(seen)])
 
     comm = _fit_communication(raw, base)
 
@@ -237,7 +258,8 @@ def fit_profile(
         dtype=dtype,
         raw=raw,
         classes=classes,
-        fitted_sides=_fitted_sides(kflat, classes, fit_rows[kernel]),
+        fitted_sides=_fitted_sides(kflat, classes, fit_rows[seen]),
+        inside_iterations=iterations_only,
         peaks=peaks,
         bandwidth=bandwidth,
         copy_bw=copy_bw,
@@ -253,7 +275,7 @@ def fit_profile(
     )
     profile = parse_hardware(data, f"calibrated profile {name!r}")
     out = raw.assign(predicted_s=predicted, held_out=held)
-    return FitResult(profile, errors, out, notes)
+    return FitResult(profile, errors, out, notes, client_s)
 
 
 def _fit_overheads(
@@ -286,12 +308,16 @@ def _balance(raw: pd.DataFrame, iteration: np.ndarray) -> np.ndarray:
 
 def _overhead_features(raw: pd.DataFrame, iteration: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Host-overhead features of each row (0 for kernel rows): 1, layers and sequences for whole iterations; a
-    feature constant over the iterations (one depth measured, say) is left out (folded into per_iteration)."""
+    feature constant over the iterations (one depth measured, say) is left out (folded into per_iteration). Rows
+    timed from a client's side (a probe's TTFT) add the client's wait per request (``client_requests``: 1 for those
+    rows, 0 for token gaps), fitted as ``CLIENT``."""
     if not iteration.any():
         return np.zeros((len(raw), 0)), []
     layers = raw["layers"].to_numpy(dtype=float)
     seqs = raw["seqs"].to_numpy(dtype=float)
     candidates = {"per_iteration_s": np.ones(len(raw)), "per_layer_s": layers, "per_sequence_s": seqs}
+    if "client_requests" in raw.columns:
+        candidates[CLIENT] = raw["client_requests"].fillna(0.0).to_numpy(dtype=float)
     names = [name for name, f in candidates.items() if name == "per_iteration_s" or len(np.unique(f[iteration])) > 1]
     return np.column_stack([np.where(iteration, candidates[n], 0.0) for n in names]), names
 

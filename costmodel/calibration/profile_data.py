@@ -45,9 +45,10 @@ def profile_data(
     measurements: str,
     settings: dict[str, str] | None,
     notes: list[str],
+    inside_iterations: bool = False,
 ) -> dict[str, Any]:
     """The calibrated profile's fields: the base's device rates (or the measured ones), the fitted curves, overheads
-    and provenance."""
+    and provenance. ``inside_iterations``: the fit saw whole iterations only, no kernel timed alone."""
     first = raw.iloc[0]
     device = str(first.get("device", "") or "unknown device")
     software = software_versions(raw)
@@ -55,9 +56,10 @@ def profile_data(
     act_key = PEAK_KEY[dtype]
     if base is not None:
         data = base.model_dump(mode="json")
+        fitted_to = f"whole {dtype} iterations" if inside_iterations else f"measured {dtype} kernels"
         data["provenance"]["notes"] = (
-            f"Calibrated from {measurements}: device rates from the {base.name} datasheet profile, efficiencies and "
-            f"overheads fitted to measured {dtype} kernels. " + " ".join(notes)
+            f"Calibrated from {measurements}: device rates from the {base.name} {base.kind} profile, efficiencies "
+            f"and overheads fitted to {fitted_to}. " + " ".join(notes)
         ).strip()
     else:
         data = measured_rates(raw, peaks, bandwidth, copy_bw, best_gemm, dtype, device)
@@ -75,8 +77,13 @@ def profile_data(
             rate = 1.0 / s.per_unit_s if s.per_unit_s > 0 else math.inf
             if n:
                 e = err.get(c, {})
+                if inside_iterations:
+                    e = err.get("iteration", {})
+                    what = f"{n} {dtype} kernel terms of measured whole iterations bound by this side; iteration"
+                else:
+                    what = f"{n} measured {dtype} kernels bound by this side; class"
                 note = (
-                    f"fitted to {n} measured {dtype} kernels bound by this side; class held-out error median "
+                    f"fitted to {what} held-out error median "
                     f"{pct(e.get('median', math.nan))}, p90 {pct(e.get('p90', math.nan))}"
                 )
                 data["efficiency"][c][side] = curve(rate, s.fixed_s, limit, note)
@@ -95,7 +102,7 @@ def profile_data(
         if fitted_overheads:
             fitted = key in fitted_overheads
             note = (
-                f"fitted to measured executor iterations (held-out median error {pct(e_it.get('median', math.nan))})"
+                f"fitted to measured iterations (held-out median error {pct(e_it.get('median', math.nan))})"
                 if fitted
                 else "not separable from per_iteration_s in these measurements (folded into it)"
             )

@@ -36,11 +36,11 @@ from costmodel.calibration import device as devices
 from costmodel.calibration import grids, harness
 from costmodel.calibration import kernels as K
 from costmodel.calibration.fit import WorkCounter, dump_terms
+from costmodel.calibration.iterations import shape_text
 from costmodel.calibration.profile import FitResult, fit_profile, format_errors
 from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware
 from costmodel.model_spec import ModelSpec, load_model
 from costmodel.roofline import CostModel
-from costmodel.shape import IterationShape
 
 # datasheet profiles of the GPUs torch may report: (words all in the device name, profile)
 GPU_PROFILES = (
@@ -102,7 +102,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", action="append", default=[], help="model to measure (built-in or config.json; repeat)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:INDEX (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads torch uses (default: torch's)")
-    p.add_argument("--dtype", default="float32", choices=K.TORCH_DTYPES, help="the models' dtype (default float32)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=K.TORCH_DTYPES,
+        help="the models' dtype (default float32; --from-iterations: the model's config.json torch_dtype)",
+    )
     p.add_argument("--quick", action="store_true", help="a small grid (CI: under a minute on 2 CPU cores)")
     p.add_argument(
         "--grid",
@@ -134,12 +139,27 @@ def register(subparsers: Any) -> None:
         help="a raw CSV of `ferry calibrate`, or Vidur's profiling directory (holds compute/)",
     )
     g.add_argument("--hardware", default=None, help="Vidur data: the device whose rows to fit (a100-80g, h100-sxm)")
+    g.add_argument(
+        "--from-iterations",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="measured iterations of any engine (CSV or Parquet; columns in costmodel/calibration/iterations.py): "
+        "fit --base's efficiencies and overheads to them for --model",
+    )
+    g.add_argument("--engine", default=None, help="--from-iterations: the engine measured (words, for the profile)")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.from_measurements is not None and args.from_iterations is not None:
+        raise ValueError("give --from-measurements or --from-iterations, not both")
     if args.from_measurements is not None:
         return _refit(args)
+    if args.from_iterations is not None:
+        from experiments.commands.calibrate_iterations import from_iterations
+
+        return from_iterations(args)
     if not args.model:
         raise ValueError("give at least one --model to measure (or --from-measurements FILE_OR_DIR)")
     out: Path = args.out
@@ -147,7 +167,7 @@ def handle(args: argparse.Namespace) -> int:
     result, raw = calibrate(
         models=args.model,
         device=args.device,
-        dtype=args.dtype,
+        dtype=args.dtype or "float32",
         threads=args.threads,
         quick=args.quick,
         grid=args.grid,
@@ -321,12 +341,6 @@ def measure_iterations(
                 )
         log(f"  depth {depth}: {len(runs)} serving runs")
     return rows
-
-
-def shape_text(shape: IterationShape) -> str:
-    """``prefill=N@C,...;decode=C,...`` (new tokens at cached context; decode contexts)."""
-    prefill = ",".join(f"{n}@{c}" for n, c in zip(shape.prefill_new.tolist(), shape.prefill_ctx.tolist(), strict=True))
-    return f"prefill={prefill};decode={','.join(str(c) for c in shape.decode_ctx.tolist())}"
 
 
 # ---- fitting measurements taken elsewhere ----------------------------------------------------------------------------

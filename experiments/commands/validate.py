@@ -79,11 +79,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the profile's calibration's)")
     p.add_argument("--model-seed", type=int, default=0, help="seed of the model's random weights and prompts")
     p.add_argument("--json", action="store_true", help="print comparison.json instead of the table")
+    g = p.add_argument_group("a live server instead of ferry's executor")
+    g.add_argument(
+        "--url",
+        default=None,
+        help="replay the workload against this OpenAI-compatible server (http://HOST:PORT/v1), streamed, open loop",
+    )
+    g.add_argument("--served-model-name", default=None, help="--url: the model's name on the server (default --model)")
+    g.add_argument("--max-concurrency", type=int, default=None, help="--url: requests open at once (default: no cap)")
     add_run_arguments(p, simulator=False)
     p.set_defaults(func=handle)
 
 
-_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force"})
+_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force", "url", "served_model_name", "max_concurrency"})
 
 
 @dataclass
@@ -99,7 +107,13 @@ class Validation:
 def handle(args: argparse.Namespace) -> int:
     config = config_from_args(args, _OWN_FLAGS)
     outputs.check(args.out, VALIDATE_OUTPUTS, "validate", args.force)
-    result = validate(config, device=args.device, threads=args.threads, seed=args.model_seed)
+    if args.url is not None:
+        from experiments.commands.validate_url import validate_url
+
+        name = args.served_model_name or config.model
+        result = validate_url(config, args.url, name, seed=args.model_seed, concurrency=args.max_concurrency)
+    else:
+        result = validate(config, device=args.device, threads=args.threads, seed=args.model_seed)
     paths = write_validation(result, args.out, args.force)
     if args.json:
         print(json.dumps(result.comparison, indent=2))
@@ -211,8 +225,11 @@ def format_comparison(c: dict[str, Any]) -> str:
         return f"{v:,}"
 
     lines = [
-        f"ferry validate: {c['policy']} on {c['workload']}; simulated with {c['profile']}",
+        f"ferry validate: {c['policy']} on {c['workload']}"
+        + (f" against {c['url']}" if "url" in c else "")
+        + f"; simulated with {c['profile']}",
         *([f"note: {c['note']}"] if "note" in c else []),
+        *([f"failed: {c['failed']['n']} requests ({c['failed']['first']})"] if "failed" in c else []),
         f"{'':<30} {'real':>12} {'simulated':>12} {'sim/real-1':>11}  (idle fraction: sim - real)",
     ]
     for row in c["metrics"].values():
@@ -244,6 +261,7 @@ def write_validation(v: Validation, out: Path, force: bool = False) -> list[Path
     paths = write_outputs(v.real, out / "real", command="validate") + write_outputs(
         v.sim, out / "sim", command="validate"
     )
-    paths.append(outputs.write_frame(out / "iterations.csv", v.iterations))
+    if not v.iterations.empty:  # a live server's iterations are not seen (``--url``)
+        paths.append(outputs.write_frame(out / "iterations.csv", v.iterations))
     paths.append(outputs.write_text(out / "comparison.json", comparison))
     return paths

@@ -1,0 +1,157 @@
+"""What ``ferry probe`` sends to a live server, and how: designed requests whose client-side timing reveals the
+server's iteration times.
+
+Four kinds of experiment, each a handful of streamed completions (``experiments.real.client``):
+
+- ``ttft``: one request at a time with a prompt of P tokens and one output token, repeated: its time to first token
+  is one prefill iteration of P tokens (plus the server's request handling, fitted apart as ``client_s``);
+- ``decode``: one request with a prompt of C tokens and G output tokens: each gap between streamed tokens is one
+  decode step of one sequence, its context growing from C;
+- ``batch``: B requests sent at once, prompts of C tokens, G output tokens each: once all have their first token
+  and none has finished, each gap is one decode step of B sequences;
+- ``mixed``: B requests decoding, then one more request with a prompt of P tokens: the running requests' gap that ends
+  with its first token is an iteration that mixes a P-token prefill with B decodes (several enlarged gaps: the server
+  chunked the prompt, and each holds an equal share of it).
+
+Experiments of a kind alternate between fitted and held out, in size order, so the fit is scored on whole requests it
+never saw. Prompts are unique random token ids (no prefix a server could cache). The probe is polite: experiments run
+one after another, at most ``max_concurrency`` streams at once, at most ``max_requests`` in all, and nothing starts
+once ``budget_s`` is spent (a running experiment is cancelled at the deadline, its streams closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from experiments.real.client import Prompts, Stream, complete
+
+KINDS = ("ttft", "decode", "batch", "mixed")
+SETTLE_CHUNKS = 8  # tokens every running request has received before a mixed experiment's prompt is sent
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """The sizes probed (tokens, sequences) and the limits that keep the probe polite."""
+
+    max_prompt: int = 2048  # longest prompt (tokens); must fit in one iteration of the server (its token budget)
+    decode_tokens: int = 128  # output tokens of each decode and batch request
+    repeats: int = 3  # requests per ttft size (their median is kept)
+    batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
+    decode_contexts: tuple[int, ...] = (32, 128, 512, 2048)  # spread from the first to the longest prompt
+    batch_context: int = 256  # prompt of each batch request (tokens)
+    mixed_batch: int = 16  # requests decoding when a mixed experiment's prompt arrives
+    max_concurrency: int = 64
+    max_requests: int = 1000
+    budget_s: float = 600.0
+
+    def check(self) -> None:
+        for name in ("max_prompt", "decode_tokens", "repeats", "max_concurrency", "max_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"probe: {name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_tokens < 2 * SETTLE_CHUNKS:
+            raise ValueError(f"probe: decode_tokens must be >= {2 * SETTLE_CHUNKS}, got {self.decode_tokens}")
+        if self.budget_s <= 0:
+            raise ValueError(f"probe: budget_s must be > 0, got {self.budget_s}")
+
+
+@dataclass
+class Experiment:
+    kind: str  # one of KINDS
+    size: int  # what orders experiments of a kind: prompt tokens (ttft, mixed), context (decode), batch (batch)
+    prompt: int  # prompt tokens of each request (the background's, for mixed)
+    requests: int  # requests sent at once (1 for ttft and decode; ttft repeats them one after another)
+    max_tokens: int
+    inject: int = 0  # mixed: the injected prompt (tokens)
+    held_out: bool = False
+    streams: list[Stream] = field(default_factory=list)
+    injected: Stream | None = None
+
+    @property
+    def label(self) -> str:
+        words = {
+            "ttft": f"prompt {self.prompt}",
+            "decode": f"context {self.prompt}, {self.max_tokens} tokens",
+            "batch": f"{self.requests} at once, context {self.prompt}",
+            "mixed": f"prompt {self.inject} into {self.requests} decoding",
+        }
+        return f"{self.kind}: {words[self.kind]}"
+
+    def sent(self) -> int:
+        return len(self.streams) + (self.injected is not None)
+
+
+def _sizes(low: int, high: int) -> list[int]:
+    """Sizes from ``low`` to ``high`` in steps of about sqrt(2) (``high`` included)."""
+    out, x = [], float(low)
+    while x < high:
+        out.append(int(round(x / 8.0) * 8) or int(x))
+        x *= 2**0.5
+    return sorted(set([*out, high]))
+
+
+def _spread(low: int, high: int, n: int) -> list[int]:
+    """``n`` sizes from ``low`` to ``high``, evenly spaced in log, rounded to multiples of 8 (fewer if they meet)."""
+    low = min(low, high)
+    return sorted({max(8, int(round(x / 8.0)) * 8) if x != high else high for x in np.geomspace(low, high, n)})
+
+
+def design(plan: ProbePlan, max_model_len: int | None) -> list[Experiment]:
+    """The experiments, in the order they run, each marked fitted or held out (alternating within its kind)."""
+    plan.check()
+    limit = max_model_len or 1 << 30
+    top = max(16, min(plan.max_prompt, limit - plan.decode_tokens - 1))
+    g = plan.decode_tokens
+    out = [Experiment("ttft", p, p, 1, 1) for p in _sizes(16, top)]
+    out += [Experiment("decode", c, c, 1, g) for c in _spread(plan.decode_contexts[0], top, len(plan.decode_contexts))]
+    context = min(plan.batch_context, top)
+    sizes = [b for b in plan.batch_sizes if b <= plan.max_concurrency]
+    out += [Experiment("batch", b, context, b, g) for b in sizes]
+    if top > 2 * context:  # long contexts too: batched decode then reads mostly KV cache
+        out += [Experiment("batch", b, top, b, g) for b in sizes[1::2]]
+    background = max(1, min(plan.mixed_batch, plan.max_concurrency - 1))
+    injects = _spread(max(64, top // 16), top, 3)
+    out += [Experiment("mixed", p, context, background, 3 * g, inject=p) for p in injects]
+    for kind in KINDS:
+        ranked = sorted((e for e in out if e.kind == kind), key=lambda e: e.size)
+        for i, e in enumerate(ranked):
+            e.held_out = i % 2 == 1
+    return out
+
+
+async def run_experiment(
+    e: Experiment, client: Any, url: str, model: str, prompts: Prompts, repeats: int, origin: float
+) -> None:
+    """Send ``e``'s requests; their streams are kept on ``e`` as they arrive (cancel-safe: what finished stays)."""
+    if e.kind == "ttft":
+        for _ in range(repeats):
+            e.streams.append(await complete(client, url, model, prompts.make(e.prompt), 1, origin))
+        return
+    running = [Stream(0.0, e.prompt, e.max_tokens) for _ in range(e.requests)]
+    tasks = [
+        asyncio.ensure_future(complete(client, url, model, prompts.make(e.prompt), e.max_tokens, origin, into=s))
+        for s in running
+    ]
+    try:
+        if e.kind == "mixed":
+            # every running request has received SETTLE_CHUNKS tokens (or has ended): they are all decoding
+            while not all(len(s.chunk_s) >= SETTLE_CHUNKS or t.done() for s, t in zip(running, tasks, strict=True)):
+                await asyncio.sleep(0.001)
+            e.injected = await complete(client, url, model, prompts.make(e.inject), 1, origin)
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        e.streams.extend(running)
+
+
+def budget_left(deadline: float) -> float:
+    return deadline - time.perf_counter()
+
+
+def seeded_prompts(seed: int, text: bool = False, low: int = 100, high: int = 8000) -> Prompts:
+    return Prompts(np.random.default_rng(seed), low, high, text)
