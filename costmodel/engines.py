@@ -8,8 +8,9 @@ graphs exceeds by a launch cost per layer. The presets live in ``hwprofiles/engi
 public source it comes from; ``apply_engine(hardware, "vllm-v1")`` returns a copy of a datasheet profile with a
 preset's overheads (``ferry run --engine-overheads vllm-v1``).
 
-A calibrated profile's overheads were measured on its device and software, so ``apply_engine`` refuses it: a preset
-would replace a measurement with an estimate.
+A calibrated profile whose overheads were measured on its device and software is refused: a preset would replace a
+measurement with an estimate. One whose overheads are still its base's assumptions (efficiencies fitted to kernels
+alone, as ``h100-sxm.vidur``) takes a preset like a datasheet profile.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from costmodel.hardware import PROFILES_DIR, HardwareProfile, Overheads, Quantity
+from costmodel.hardware import MEASURED, PROFILES_DIR, HardwareProfile, Overheads, Quantity
 
 ENGINES_FILE = PROFILES_DIR / "engines.yaml"
 SOURCE_PREFIX = "engine:"  # an applied preset's source keys, in the profile's provenance.sources: "engine:<key>"
@@ -140,9 +141,11 @@ def apply_engine(hardware: HardwareProfile, name: str) -> HardwareProfile:
     notes the preset); everything else unchanged. ValueError for an unknown preset or a calibrated profile."""
     key = str(name).strip().lower()
     preset = get_engine(key)
-    if hardware.kind == "calibrated":
+    measured = [q for q in (hardware.overheads.per_iteration_s, hardware.overheads.per_sequence_s,
+                            hardware.overheads.per_layer_s) if q.source == MEASURED]  # fmt: skip
+    if hardware.kind == "calibrated" and measured:
         raise ValueError(
-            f"engine_overheads={name!r}: {hardware.name} is a calibrated profile, whose overheads were measured on "
+            f"engine_overheads={name!r}: {hardware.name} is a calibrated profile whose overheads were measured on "
             "its device and software; a preset would replace them with estimates. Leave engine_overheads out, or "
             "apply it to a datasheet profile"
         )

@@ -67,13 +67,32 @@ def test_apply_engine_changes_the_overheads_only(name: str) -> None:
     assert load_hardware("h100-sxm") == base
 
 
-def test_apply_engine_refuses_a_calibrated_profile() -> None:
+def test_apply_engine_refuses_measured_overheads_only() -> None:
     data = load_hardware("h100-sxm").model_dump()
     data["kind"] = "calibrated"
     data["provenance"].update(device="NVIDIA H100", software={"torch": "2.4"}, date="2025-01-01", measurements="m.csv")
+    data["overheads"]["per_iteration_s"]["source"] = "measured"
     calibrated = HardwareProfile.model_validate(data)
-    with pytest.raises(ValueError, match="calibrated profile, whose overheads were measured"):
+    with pytest.raises(ValueError, match="calibrated profile whose overheads were measured"):
         apply_engine(calibrated, "vllm-v1")
+    # efficiencies fitted to kernels alone (Vidur's published ones) keep the datasheet's assumed overheads: a preset
+    # replaces only assumptions there
+    vidur = load_hardware("h100-sxm.vidur")
+    assert vidur.kind == "calibrated" and all(
+        q.source == "assumption" for q in (vidur.overheads.per_iteration_s, vidur.overheads.per_sequence_s)
+    )
+    fitted = apply_engine(vidur, "vllm-v1")
+    assert fitted.efficiency == vidur.efficiency and fitted.overheads != vidur.overheads
+
+
+@pytest.mark.parametrize("name", ["h100-sxm.vidur", "a100-80g.vidur"])
+def test_vidur_fitted_profiles_say_what_they_were_fitted_on(name: str) -> None:
+    hw = load_hardware(name)
+    assert "vidur-profiling" in hw.provenance.sources
+    errors = hw.provenance.held_out_error or {}
+    assert errors["gemm"]["n"] > 1000 and errors["gemm"]["median"] < 0.1  # fitted series' held-out half
+    base = load_hardware(name.removesuffix(".vidur"))
+    assert (hw.peaks(), hw.bandwidth) == (base.peaks(), base.bandwidth)  # the device's rates
 
 
 @pytest.mark.parametrize("device", ["h100-sxm", "a100-80g"])

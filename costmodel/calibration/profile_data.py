@@ -57,9 +57,11 @@ def profile_data(
     if base is not None:
         data = base.model_dump(mode="json")
         fitted_to = f"whole {dtype} iterations" if inside_iterations else f"measured {dtype} kernels"
+        what = "efficiencies and overheads" if fitted_overheads else "efficiencies"
+        kept = "" if fitted_overheads else f" (the overheads are {base.name}'s, not measured here)"
         data["provenance"]["notes"] = (
-            f"Calibrated from {measurements}: device rates from the {base.name} {base.kind} profile, efficiencies "
-            f"and overheads fitted to {fitted_to}. " + " ".join(notes)
+            f"Calibrated from {measurements}: device rates from the {base.name} {base.kind} profile, {what} "
+            f"fitted to {fitted_to}{kept}. " + " ".join(notes)
         ).strip()
     else:
         data = measured_rates(raw, peaks, bandwidth, copy_bw, best_gemm, dtype, device)
