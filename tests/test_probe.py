@@ -97,6 +97,16 @@ def test_probe_stops_at_its_request_cap(live, tmp_path: Path, capsys) -> None:  
     assert report["requests"] + 3 <= 20  # three warm-up requests, then whole experiments only
 
 
+def test_probe_stops_at_its_deadline_and_fits_what_finished(live, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    _, url, _ = live
+    args = ["probe", "--url", url, "--model", "tiny-llama", "--out", str(tmp_path / "late.yaml"), *PROBE]
+    assert main([*args, "--budget-s", "2"]) == 0
+    assert "stopped early: --budget-s 2 spent" in capsys.readouterr().out
+    report = json.loads((tmp_path / "late.probe.json").read_text())
+    assert report["seconds"] < 2 + 5  # the running experiment was cancelled, not waited for
+    assert load_hardware(str(tmp_path / "late.yaml")).kind == "calibrated"
+
+
 def test_probed_profile_predicts_the_servers_own_iterations(live, probed: Path) -> None:  # noqa: ANN001
     """Last: stops the server, which then writes the log of every iteration it ran (the probe's included)."""
     proc, _, out = live
