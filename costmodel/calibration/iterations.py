@@ -168,34 +168,12 @@ def to_raw(frame: pd.DataFrame, spec: ModelSpec, dtype: str, *, source: str, mod
     from costmodel.calibration.harness import ROW_COLUMNS
 
     work = WorkCounter(spec, dtype)
-    rows = []
-    for shape, seconds in zip(shapes_of(frame), frame["duration_s"].to_numpy(dtype=float), strict=True):
-        terms = work.terms(shape)
-        rows.append(
-            {
-                "device": source,
-                "dtype": dtype,
-                "model": model or spec.name,
-                "layers": spec.num_hidden_layers,
-                "op": "iteration",
-                "op_class": "iteration",
-                "num_tokens": shape.num_tokens,
-                "batch_size": shape.num_decode_seqs,
-                "chunk": shape.num_prefill_tokens,
-                "context": int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
-                "seqs": shape.num_seqs,
-                "shape": shape_text(shape),
-                "flops": sum(t.count * t.flops for t in terms),
-                "bytes": sum(t.count * t.bytes for t in terms),
-                "median_s": float(seconds),
-                "min_s": float(seconds),
-                "max_s": float(seconds),
-                "repeats": 1,
-                "sets": 1,
-                "kernels": dump_terms(terms),
-                "host_s": 0.0,
-            }
-        )
+    seconds = frame["duration_s"].to_numpy(dtype=float)
+    rows = [
+        iteration_row(shape, float(t), work, device=source, dtype=dtype, model=model or spec.name,
+                      layers=spec.num_hidden_layers)
+        for shape, t in zip(shapes_of(frame), seconds, strict=True)
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=[*ROW_COLUMNS])
 
 
@@ -226,6 +204,45 @@ def fit_iterations(
         description=f"{source}, fitted to its measured iterations ({spec.name}, {dtype})",
         held=held,
     )
+
+
+def iteration_row(
+    shape: IterationShape,
+    seconds: float,
+    work: WorkCounter,
+    *,
+    device: str,
+    dtype: str,
+    model: str,
+    layers: int,
+    host_s: float = 0.0,
+) -> dict[str, object]:
+    """One whole iteration as a raw calibration row: its kernels counted by ``work``, ``seconds`` measured, of which
+    ``host_s`` outside the forward pass (0: not timed apart)."""
+    terms = work.terms(shape)
+    return {
+        "device": device,
+        "dtype": dtype,
+        "model": model,
+        "layers": layers,
+        "op": "iteration",
+        "op_class": "iteration",
+        "num_tokens": shape.num_tokens,
+        "batch_size": shape.num_decode_seqs,
+        "chunk": shape.num_prefill_tokens,
+        "context": int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
+        "seqs": shape.num_seqs,
+        "shape": shape_text(shape),
+        "flops": sum(t.count * t.flops for t in terms),
+        "bytes": sum(t.count * t.bytes for t in terms),
+        "median_s": seconds,
+        "min_s": seconds,
+        "max_s": seconds,
+        "repeats": 1,
+        "sets": 1,
+        "kernels": dump_terms(terms),
+        "host_s": host_s,
+    }
 
 
 def shape_text(shape: IterationShape) -> str:

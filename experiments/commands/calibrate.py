@@ -35,8 +35,8 @@ import yaml
 from costmodel.calibration import device as devices
 from costmodel.calibration import grids, harness
 from costmodel.calibration import kernels as K
-from costmodel.calibration.fit import WorkCounter, dump_terms
-from costmodel.calibration.iterations import shape_text
+from costmodel.calibration.fit import WorkCounter
+from costmodel.calibration.iterations import iteration_row
 from costmodel.calibration.profile import FitResult, fit_profile, format_errors
 from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware
 from costmodel.model_spec import ModelSpec, load_model
@@ -313,32 +313,11 @@ def measure_iterations(
             kv = KVCacheManager(n * (-(-max_len // 16)), 16, n)
             run = replay(requests, policies.get(config), executor, kv, max_len)
             for shape, seconds, forward in zip(run.shapes, run.durations(), run.forward_s, strict=True):
-                terms = work.terms(shape)
+                host = max(0.0, float(seconds) - forward)
                 rows.append(
-                    {
-                        "device": name,
-                        "dtype": dtype,
-                        "model": model,
-                        "layers": depth,
-                        "op": "iteration",
-                        "op_class": "iteration",
-                        "num_tokens": shape.num_tokens,
-                        "batch_size": shape.num_decode_seqs,
-                        "chunk": shape.num_prefill_tokens,
-                        "context": int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
-                        "seqs": shape.num_seqs,
-                        "shape": shape_text(shape),
-                        "flops": sum(t.count * t.flops for t in terms),
-                        "bytes": sum(t.count * t.bytes for t in terms),
-                        "median_s": float(seconds),
-                        "min_s": float(seconds),
-                        "max_s": float(seconds),
-                        "repeats": 1,
-                        "sets": 1,
-                        "kernels": dump_terms(terms),
-                        "host_s": max(0.0, float(seconds) - forward),
-                    }
-                )
+                    iteration_row(shape, float(seconds), work, device=name, dtype=dtype, model=model, layers=depth,
+                                  host_s=host)
+                )  # fmt: skip
         log(f"  depth {depth}: {len(runs)} serving runs")
     return rows
 
