@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "experiments.commands.serve",
     "experiments.commands.probe",
     "experiments.commands.teach",
+    "experiments.commands.explore",
     "experiments.commands.plan",
     "experiments.commands.sweep",
     "experiments.commands.plot",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -83,18 +84,20 @@ def run(
 
 
 @contextlib.contextmanager
-def serving(args: list[str], stderr: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """``ferry serve ARGS --port 0`` as a subprocess: yields it and its base URL (``http://HOST:PORT/v1``, from its
-    ready line) once it listens; killed at the end if still running. Its stderr goes to ``stderr``."""
-    cmd = [sys.executable, "-m", "experiments.cli", "serve", *args, "--port", "0"]
+def serving(args: list[str], stderr: Path, command: str = "serve") -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``ferry COMMAND ARGS --port 0`` (``serve`` or ``explore``) as a subprocess: yields it and the URL its ready
+    line prints (``http://HOST:PORT/v1``, ``http://HOST:PORT/``) once it listens; killed at the end if still running.
+    Its stderr goes to ``stderr``."""
+    cmd = [sys.executable, "-m", "experiments.cli", command, *args, "--port", "0"]
     with stderr.open("w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(proc.stdout.readline() if proc.stdout else ""), daemon=True).start()
     try:
         line = lines.get(timeout=90)
-        assert "listening on http://" in line, f"{line!r}; stderr: {stderr.read_text()}"
-        yield proc, line.split("listening on ")[1].strip()
+        url = re.search(r"http://\S+", line)
+        assert line.startswith(f"ferry {command}: ") and url, f"{line!r}; stderr: {stderr.read_text()}"
+        yield proc, url.group(0)
     finally:
         if proc.poll() is None:
             proc.kill()

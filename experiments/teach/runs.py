@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.config import RunConfig
 from experiments.simulation import run_simulation
 from experiments.teach.scenario import Scenario
 from sim.metrics import batch_frame, request_frame
+from sim.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ def run_scenario(scenario: Scenario) -> list[PolicyRun]:
 
 
 def _run(scenario: Scenario, label: str, workload: Any) -> PolicyRun:
-    config = scenario.run_config(label)
+    return policy_run(scenario.run_config(label), workload, label)
+
+
+def policy_run(config: RunConfig, workload: Workload, label: str) -> PolicyRun:
+    """Simulate ``workload`` under ``config`` (which must record its batches) and keep it as the figures read it."""
     result = run_simulation(config, workload=workload)
     records = result.records
     requests = request_frame(records).set_index("request_id")
