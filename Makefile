@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test run teach test lint clean
+.PHONY: setup setup-test chromium run teach explore test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels)
 setup: $(VENV)/.installed
@@ -21,7 +21,16 @@ setup-test: $(VENV)/.installed-test
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,calibrate,dask,serve]'
+	@$(MAKE) --no-print-directory chromium
 	touch $@
+
+# the browser test of `ferry explore` drives Debian's chromium (Playwright's own browser downloads are not used); it
+# skips where chromium cannot be installed (not root, not Debian), unless FERRY_REQUIRE_BROWSER=1 (.ci/run)
+chromium:
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } || \
+	  echo "no chromium here (apt-get install chromium): the browser test of ferry explore will skip"
 
 # The main job: llama-3-8b on one H100 SXM as a default `vllm serve` would run it (chunked prefill, the limits vLLM
 # picks on that GPU), 1000 requests at 8 req/s.
@@ -38,8 +47,13 @@ lint: setup-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy sim policies costmodel experiments
 
+# `ferry explore`: the page where moving a knob re-runs the simulation (needs the serve extra: starlette, uvicorn)
+explore: setup
+	$(BIN)/pip install --quiet -e '.[serve]'
+	$(BIN)/ferry explore $(EXPLORE_ARGS)
+
 test: setup-test lint
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) results figures .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) results figures artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis
