@@ -57,6 +57,12 @@ class WorkloadConfig(BaseModel):
     input_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(1024))
     output_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(128))
     seed: StrictInt = Field(0, ge=0, description="seed of the numpy Generator that draws the synthetic workload")
+    prefix_len: StrictInt = Field(
+        0, ge=0, description="synthetic: tokens of a shared prompt each request starts with (added to input_len)"
+    )
+    num_prefix_groups: StrictInt = Field(
+        1, ge=1, description="synthetic: distinct shared prompts of prefix_len tokens, one drawn per request"
+    )
 
     @field_validator("input_len", "output_len", mode="before")
     @classmethod
@@ -147,7 +153,9 @@ def changed_fields(model: BaseModel) -> list[str]:
     return [k for k in model.model_fields_set if getattr(model, k) != fields[k].get_default(call_default_factory=True)]
 
 
-SYNTHETIC_ONLY = ("request_rate", "burstiness", "lengths_from", "lengths_max_total", "input_len", "output_len", "seed")
+RUN_SETTINGS_READ_BY_POLICY = ("kv_watermark", "vllm_defaults", "enable_prefix_caching")
+SYNTHETIC_ONLY = ("request_rate", "burstiness", "lengths_from", "lengths_max_total", "input_len", "output_len", "seed",
+                  "prefix_len", "num_prefix_groups")  # fmt: skip
 TRACE_ONLY = ("trace_format", "trace_time_scale", "sort_trace")
 
 
@@ -171,6 +179,11 @@ class RunConfig(BaseModel):
     block_size: StrictInt = Field(16, ge=1, description="tokens per KV-cache block")
     num_gpu_blocks_override: StrictInt | None = Field(
         None, ge=1, description="KV blocks to use instead of the computed"
+    )
+    enable_prefix_caching: StrictBool = Field(
+        False,
+        description="reuse the KV blocks of a prefix already computed (vLLM's automatic prefix caching; continuous, "
+        "chunked); the workload's shared prefixes say what requests share",
     )
     kv_watermark: Number | None = Field(
         None,
@@ -248,7 +261,7 @@ class RunConfig(BaseModel):
         if policy not in BUILTIN_POLICIES:
             return self
         given = {k: getattr(self.scheduler, k) for k in changed_fields(self.scheduler)}
-        given |= {k: getattr(self, k) for k in changed_fields(self) if k in ("kv_watermark", "vllm_defaults")}
+        given |= {k: getattr(self, k) for k in changed_fields(self) if k in RUN_SETTINGS_READ_BY_POLICY}
         for field, value in sorted(given.items()):
             readers = APPLIES_TO.get(field)
             if readers is not None and policy not in readers:

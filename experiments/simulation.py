@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ from sim.cluster_metrics import summarize_cluster
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
 from sim.metrics import batch_frame, request_frame, summarize
+from sim.prefix_cache import PrefixCachingKV, block_keys
 from sim.records import RunRecords
 from sim.request import RequestTable
 from sim.workload import Workload, load_trace, synthetic
 from sim.workload.lengths import read_length_pairs
+from sim.workload.prefixes import grouped
 
 DEFAULT_NUM_PROMPTS = 1000
 
@@ -56,7 +59,16 @@ def build_workload(config: RunConfig) -> Workload:
     rng = np.random.default_rng(w.seed)
     num = w.num_prompts if w.num_prompts is not None else DEFAULT_NUM_PROMPTS
     pairs = read_length_pairs(w.lengths_from, w.lengths_max_total) if w.lengths_from is not None else None
-    return synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
+    workload = synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
+    if w.prefix_len == 0:
+        return workload
+    shared = grouped(num, w.prefix_len, w.num_prefix_groups, rng)  # drawn after the requests: they stay the same
+    return dataclasses.replace(
+        workload,
+        prompt_tokens=workload.prompt_tokens + w.prefix_len,
+        source=f"{workload.source} prefix={w.prefix_len}x{w.num_prefix_groups}",
+        prefixes=shared,
+    )
 
 
 def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> tuple[RunConfig, EngineDefaults | None]:
@@ -118,10 +130,16 @@ class Replica:
     def new_requests(self, workload: Workload) -> tuple[RequestTable, KVCacheManager]:
         """A fresh request table and KV cache for one run of ``workload`` on this replica."""
         requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
-        kv = KVCacheManager(
-            self.memory.num_gpu_blocks, self.memory.block_size, len(requests), watermark=self.config.kv_watermark or 0.0
-        )
-        return requests, kv
+        return requests, self.new_kv(workload)
+
+    def new_kv(self, workload: Workload) -> KVCacheManager:
+        """A fresh KV cache for one run of ``workload`` on this replica: with prefix caching, one that knows what
+        the workload's requests share."""
+        blocks, size, n = self.memory.num_gpu_blocks, self.memory.block_size, len(workload)
+        watermark = self.config.kv_watermark or 0.0
+        if not self.config.enable_prefix_caching:
+            return KVCacheManager(blocks, size, n, watermark=watermark)
+        return PrefixCachingKV(blocks, size, n, block_keys(workload, size), watermark=watermark)
 
     def result(
         self,
@@ -228,13 +246,14 @@ def run_simulation(
     if config.record_batches:
         check_batch_rows(workload)
     exact = {"auto": None, "exact": True, "histogram": False}[config.itl]
+    engine = engine_for(config)
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()
     cluster = None
     members = cluster_members(given, replica)
     if sum(count for _, count in members) > 1:
-        cluster = simulate_replicas(config, members, requests, exact, report)
+        cluster = simulate_replicas(config, members, requests, workload, engine, exact, report)
         records = cluster.merged()
     else:
         records = simulate(
@@ -243,7 +262,7 @@ def run_simulation(
             replica.cost,
             kv,
             config.scheduler.max_model_len,
-            config.engine,
+            engine,
             exact,
             report,
             config.stream,
@@ -293,25 +312,34 @@ def simulate_replicas(
     config: RunConfig,
     members: list[tuple[Replica, int]],
     requests: RequestTable,
+    workload: Workload,
+    engine: str,
     exact: bool | None,
     report: Callable[[float, int], None] | None = None,
 ) -> ClusterRecords:
     """Each member replica (its own policy and KV cache), as many times as its count, behind ``config.router``."""
-    n = len(requests)
     setups = [
-        ReplicaSetup(
-            policies.get(m.config.scheduler),
-            m.cost,
-            KVCacheManager(m.memory.num_gpu_blocks, m.memory.block_size, n, m.config.kv_watermark or 0.0),
-            m.config.scheduler.max_model_len,
-        )
+        ReplicaSetup(policies.get(m.config.scheduler), m.cost, m.new_kv(workload), m.config.scheduler.max_model_len)
         for m, count in members
         for _ in range(count)
     ]
     router = get_router(config.router, len(setups), np.random.default_rng(config.router_seed))
     return simulate_cluster(
-        requests, setups, router, config.engine, exact, config.record_batches, config.stream, on_progress=report
+        requests, setups, router, engine, exact, config.record_batches, config.stream, on_progress=report
     )
+
+
+def engine_for(config: RunConfig) -> str:
+    """The engine a run takes: the config's, but the reference engine for what the compiled engine does not model
+    (prefix caching), with a one-line notice when the compiled engine was asked for by name."""
+    if config.enable_prefix_caching and config.engine != "reference":
+        if config.engine == "compiled":
+            print(
+                "ferry: the compiled engine does not model prefix caching; running the reference engine",
+                file=sys.stderr,
+            )
+        return "reference"
+    return config.engine
 
 
 MAX_BATCH_ROWS = 50_000_000  # rows of batches.csv one run may keep: 2 GB in memory, several GB of CSV

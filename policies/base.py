@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from policies.config import SchedulerConfig
+from sim.prefix_cache import PrefixCachingKV
 from sim.request import Status
 from sim.state import Batch, SchedulerState, Wait
 
@@ -225,19 +226,30 @@ def admit_waiting(
     only its first chunk's blocks are allocated now. Without ``full_prompt`` only the first chunk must fit (vLLM V1
     before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running."""
     reqs, kv = state.reqs, state.kv
+    cache = kv if isinstance(kv, PrefixCachingKV) else None
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
         req = state.waiting[0]
-        need = int(reqs.remaining(req))
+        hits = unreferenced = 0
+        if cache is not None:  # its prefix found in the cache is not computed again (vLLM's get_computed_blocks)
+            hits, unreferenced = cache.lookup(req, int(reqs.total_tokens(req)))
+        cached = hits * kv.block_size
+        need = int(reqs.remaining(req)) - cached
         chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
         if chunk > batch.budget:
             break
-        tokens = reserved_tokens(state, req, int(reqs.computed[req]) + chunk, reservation)
+        tokens = reserved_tokens(state, req, int(reqs.computed[req]) + cached + chunk, reservation)
         check = max(tokens, int(reqs.total_tokens(req))) if full_prompt else tokens
         # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
-        if not kv.can_allocate(req, check, admission=bool(state.running)):
+        if cache is not None:
+            if not cache.can_admit(req, check, hits, unreferenced, admission=bool(state.running)):
+                break
+        elif not kv.can_allocate(req, check, admission=bool(state.running)):
             break
         state.admit_next()
+        if cache is not None:
+            cache.take(req, hits, int(reqs.total_tokens(req)))
+            state.cached(req, cached)
         kv.allocate(req, tokens)
         batch.add(req, chunk)
         admitted += 1

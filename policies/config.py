@@ -28,6 +28,7 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "kv_reservation": ("static", "dynamic", "continuous", "chunked"),
     "kv_watermark": ("continuous", "chunked"),  # a run setting: only paged admission keeps a watermark
     "vllm_defaults": ("continuous", "chunked"),  # a run setting: vLLM has no static or dynamic batching
+    "enable_prefix_caching": ("continuous", "chunked"),  # a run setting: only paged admission looks up prefixes
 }
 
 

@@ -27,6 +27,7 @@ from sim.compiled.engine import DONE, IDLE, PAUSED, SEGMENT_ITERATIONS, Compiled
 from sim.compiled.state import pack, unpack
 from sim.engine import IterationTimer, Scheduler, decide, default_stream
 from sim.kvcache import KVCacheManager
+from sim.prefix_cache import PrefixCachingKV
 from sim.records import EXACT_GAPS_LIMIT, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
 from sim.state import Batch, SchedulerState, max_gaps
@@ -131,6 +132,9 @@ class ReferenceReplica:
         return self.state.unfinished, work, self.state.kv.used
 
     def run_records(self, requests: RequestTable) -> RunRecords:
+        kv = self.setup.kv
+        if isinstance(kv, PrefixCachingKV):
+            self.state.records.prefix_cache = kv.counters()
         return self.state.records
 
 
@@ -212,11 +216,18 @@ class ClusterRecords:
             engine=self.engine,
             stream=self.stream,
             seats=sum(self.seats),
+            prefix_cache=_summed([r.prefix_cache for r in self.replicas]),
         )
 
     def iteration_replica(self) -> IntArray:
         """The replica of each row of ``merged().iterations``."""
         return np.repeat(np.arange(len(self.replicas)), [len(r.iterations) for r in self.replicas])
+
+
+def _summed(counters: list[dict[str, int] | None]) -> dict[str, int] | None:
+    """The replicas' prefix-cache counters added up (None without prefix caching)."""
+    kept = [c for c in counters if c is not None]
+    return {k: sum(c[k] for c in kept) for k in kept[0]} if kept else None
 
 
 def merge_itl(logs: list[ItlLog]) -> ItlLog:
@@ -258,7 +269,9 @@ def simulate_cluster(
     if not setups:
         raise ValueError("a cluster needs at least one replica")
     compiled_ok = all(
-        getattr(s.policy, "compiled", None) is not None and getattr(s.timer, "compiled", None) is not None
+        getattr(s.policy, "compiled", None) is not None
+        and getattr(s.timer, "compiled", None) is not None
+        and not isinstance(s.kv, PrefixCachingKV)  # the compiled engine does not model prefix caching
         for s in setups
     )
     if engine == "compiled" and not compiled_ok:

@@ -20,6 +20,7 @@ import simpy
 from costmodel.shape import IterationShape
 from sim.compiled.engine import simulate_compiled
 from sim.kvcache import KVCacheManager
+from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
 from sim.state import Batch, SchedulerState, Wait
@@ -144,7 +145,10 @@ def simulate(
     timing = getattr(timer, "compiled", None)
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
-    if engine != "reference" and kernel is not None and timing is not None:
+    caching = isinstance(kv, PrefixCachingKV)
+    if engine == "compiled" and caching:
+        raise ValueError("the compiled engine does not model prefix caching: run the reference engine")
+    if engine != "reference" and kernel is not None and timing is not None and not caching:
         records = simulate_compiled(
             requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress, record_batches
         )
@@ -153,4 +157,6 @@ def simulate(
     env = simpy.Environment()
     env.process(replica(env, state, policy, timer, on_progress))
     env.run()
+    if isinstance(kv, PrefixCachingKV):
+        state.records.prefix_cache = kv.counters()
     return describe_run(state.records, policy, stream)

@@ -72,6 +72,10 @@ class KVCacheManager:
         self.used += total
         return True
 
+    def computed(self, reqs: npt.NDArray[np.int64], computed: npt.NDArray[np.int64]) -> None:
+        """After an iteration, ``reqs`` hold KV for ``computed`` tokens each (a prefix cache registers full blocks;
+        nothing to do here)."""
+
     def free_request(self, req: int) -> int:
         """Release every block ``req`` holds; returns how many."""
         blocks = int(self.held[req])

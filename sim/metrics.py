@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -102,6 +103,7 @@ def request_frame(records: RunRecords) -> pd.DataFrame:
             "e2el_s": response - r.arrival,
             "preemptions": r.preemptions,
             "recomputed_tokens": r.recomputed,
+            "cached_tokens": r.cached,
             "status": _STATUS_NAMES[r.status],
             "reason": _REASON_LABELS[r.reason],
             "first_received_s": received,
@@ -325,4 +327,23 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "engine": records.engine,
         }
     )
+    if records.prefix_cache is not None:
+        out.update(prefix_cache_summary(records.prefix_cache, r.cached[done] > 0, ttft))
+    return out
+
+
+def prefix_cache_summary(counters: Mapping[str, int], hit: npt.NDArray[np.bool_], ttft_s: FloatArray) -> dict[str, Any]:
+    """Prefix caching's share of the work: vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens
+    looked up and found at admissions), their ratio and the block hit rate, the prefill tokens not computed, the
+    evictions, and TTFT (client, ms) of the completed requests that found part of their prompt cached at their first
+    admission against those that found none."""
+    queries, hits = counters["prefix_cache_queries"], counters["prefix_cache_hits"]
+    blocks = counters["prefix_cache_query_blocks"]
+    out: dict[str, Any] = dict(counters)
+    out["prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+    out["prefix_cache_block_hit_rate"] = counters["prefix_cache_hit_blocks"] / blocks if blocks else 0.0
+    out["prefill_tokens_saved"] = hits
+    out["requests_with_cache_hit"] = int(hit.sum())
+    for name, rows in (("hit", hit), ("miss", ~hit)):
+        out.update({k.replace("_ttft_", f"_ttft_{name}_"): v for k, v in _stats("ttft", ttft_s[rows]).items()})
     return out

@@ -235,5 +235,7 @@ class RunRecords:
     # the request gives back its seat (static and dynamic batching return every member's response at batch end)
     stream: bool = True
     seats: int = 0  # seats the policy offers (max batch size or max_num_seqs; 0 = unknown)
+    # with prefix caching: tokens and blocks looked up and found at admissions, evictions (``PrefixCachingKV``)
+    prefix_cache: dict[str, int] | None = None
     # who took part in each iteration, with their tokens (None unless the run was asked to record it)
     batches: BatchLog | None = None

@@ -57,6 +57,7 @@ COLUMN_FILLS: tuple[tuple[str, float], ...] = (
     ("reason", Reason.NONE),
     ("preemptions", 0),
     ("recomputed", 0),
+    ("cached", 0),
     ("admit_order", -1),
     ("first_scheduled", np.nan),
     ("first_token", np.nan),
@@ -93,6 +94,7 @@ class RequestTable:
         self.reason = np.zeros(n, dtype=np.int8)  # Reason
         self.preemptions = np.zeros(n, dtype=np.int32)  # times preempted (count)
         self.recomputed = np.zeros(n, dtype=np.int64)  # KV tokens discarded by preemption (tokens)
+        self.cached = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache when first admitted
         self.admit_order = np.full(n, -1, dtype=np.int64)  # sequence number of the latest admission
         nan = np.full(n, np.nan)
         self.first_scheduled = nan.copy()  # start of the first iteration it took part in (s)

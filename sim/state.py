@@ -170,6 +170,13 @@ class SchedulerState:
         self.running.append(req)
         return req
 
+    def cached(self, req: int, tokens: int) -> None:
+        """``req``, just admitted, found its first ``tokens`` tokens in the prefix cache: they count as computed."""
+        reqs = self.reqs
+        reqs.computed[req] += tokens
+        if reqs.preemptions[req] == 0:
+            reqs.cached[req] = tokens
+
     def preempt(self, req: int) -> None:
         """Preempt a running request by recompute: drop its KV, put it back at the front of the waiting queue."""
         reqs = self.reqs
@@ -221,6 +228,7 @@ class SchedulerState:
         new_first = ids[np.isnan(reqs.first_scheduled[ids])]
         reqs.first_scheduled[new_first] = start
         reqs.computed[ids] += batch.num_new
+        self.kv.computed(ids, reqs.computed[ids])
         short = self.kv.blocks_for(reqs.computed[ids]) > self.kv.held[ids]
         if short.any():
             req = int(ids[short][0])

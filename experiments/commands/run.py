@@ -72,6 +72,13 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         help="share of KV blocks admission leaves free while something runs (the engine's: 0.01 V0, 0 V1)",
     )
 
+    g.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        default=S,
+        help="continuous, chunked: reuse the KV blocks of a prefix already computed (vLLM's automatic prefix caching)",
+    )
+
     g = p.add_argument_group("cluster")
     g.add_argument("--replicas", type=int, default=S, help="replicas of this configuration behind a router (1)")
     g.add_argument(
@@ -148,6 +155,12 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
     g.add_argument("--lengths-max-total", type=int, default=S, help="with --lengths-from: drop longer rows")
     g.add_argument("--seed", type=int, default=S, help="seed of the synthetic workload (0)")
+    g.add_argument(
+        "--prefix-len", type=int, default=S, help="synthetic: tokens of a shared prompt before each --input-len (0)"
+    )
+    g.add_argument(
+        "--num-prefix-groups", type=int, default=S, help="synthetic: distinct shared prompts, one drawn per request (1)"
+    )
     g.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,

@@ -140,6 +140,8 @@ def serve(
         torch.set_num_threads(threads)
     if config.tensor_parallel_size != 1:
         raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1")
+    if config.enable_prefix_caching:
+        raise ValueError("the real executor keeps each sequence's own KV: no --enable-prefix-caching")
     if config.quantization is not None or config.kv_cache_dtype != "auto":
         raise ValueError("the real executor keeps weights and KV cache in --dtype: no quantization or kv_cache_dtype")
     torch_device = K.device_of(device)

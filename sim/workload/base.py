@@ -14,6 +14,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from sim.workload import traces
+from sim.workload.prefixes import Prefixes, from_hash_ids
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -35,6 +36,9 @@ class Workload:
     request_id: ObjArray | None = None
     # what the requests are: "synthetic gamma(burstiness=0.5) rate=8/s n=1000 ..." or "azure:/path/file.csv"
     source: str = "arrays"
+    # the token runs each prompt starts with that other requests may share (system prompts, Mooncake hash_ids), or
+    # None: every prompt is its own (``sim.workload.prefixes``; what prefix caching can reuse)
+    prefixes: Prefixes | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s) if isinstance(self.arrival_s, np.ndarray) else -1
@@ -72,6 +76,8 @@ class Workload:
             view = ids.view()
             view.flags.writeable = False
             object.__setattr__(self, "request_id", view)
+        if self.prefixes is not None:
+            self.prefixes.check(self.prompt_tokens)
 
     @classmethod
     def from_arrays(
@@ -110,6 +116,7 @@ class Workload:
             and np.array_equal(self.prompt_tokens, other.prompt_tokens)
             and np.array_equal(self.output_tokens, other.output_tokens)
             and (same_ids or np.array_equal(self.ids(), other.ids()))
+            and _same_prefixes(self.prefixes, other.prefixes)
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: compared by value, not hashable
@@ -121,7 +128,8 @@ class Workload:
         if n >= len(self):
             return self
         ids = None if self.request_id is None else self.request_id[:n]
-        return Workload(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, self.source)
+        prefixes = None if self.prefixes is None else self.prefixes.take(np.arange(n))
+        return Workload(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, self.source, prefixes)
 
     def id_of(self, i: int) -> str:
         """The id of row ``i``."""
@@ -145,6 +153,12 @@ class Workload:
                 "request_id": self.ids(),
             }
         )
+
+
+def _same_prefixes(a: Prefixes | None, b: Prefixes | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("ids", "tokens", "offsets"))
 
 
 def _bad_row(name: str, values: np.ndarray, bad: np.ndarray | None, what: str) -> None:
@@ -187,4 +201,5 @@ def load_trace(
       column.
     """
     cols = traces.read_trace(path, format, limit, time_scale, model, sort)
-    return Workload(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.request_id, cols.source)
+    prefixes = None if cols.hash_ids is None else from_hash_ids(cols.hash_ids, cols.prompt_tokens)
+    return Workload(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.request_id, cols.source, prefixes)

@@ -76,6 +76,7 @@ class TraceColumns(NamedTuple):
     output_tokens: IntArray
     request_id: npt.NDArray[np.object_] | None  # the file's ids, or None: the row index is the id
     source: str  # "format:path" and the options that changed it
+    hash_ids: list[list[int]] | None = None  # Mooncake: each prompt's block ids (512 tokens each), in row order
 
 
 def format_help() -> str:
@@ -109,8 +110,9 @@ def read_trace(
         raise ValueError(f"model={model!r} filters BurstGPT traces only; {path} is a {fmt.name} trace")
     where = f"{fmt.name} trace {path}"
     ids: npt.NDArray[np.object_] | None = None
+    hashes: list[list[int]] | None = None
     if fmt.name == "mooncake":
-        raw, prompt, output, rows = _read_jsonl(path, fmt, limit, where)
+        raw, prompt, output, rows, hashes = _read_jsonl(path, fmt, limit, where)
     else:
         raw, prompt, output, ids, rows = _read_csv(path, fmt, limit, model, where)
     if len(raw) == 0:
@@ -125,6 +127,7 @@ def read_trace(
         order = np.argsort(raw, kind="stable")
         raw, prompt, output, rows = raw[order], prompt[order], output[order], rows[order]
         ids = None if ids is None else ids[order]
+        hashes = None if hashes is None else [hashes[i] for i in order]
     elif unsorted.size:
         i = int(unsorted[0]) + 1
         raise ValueError(
@@ -152,7 +155,7 @@ def read_trace(
     extras += [f"time_scale={time_scale:g}" if time_scale != 1.0 else "", "sorted" if unsorted.size else ""]
     if any(extras):
         source += " (" + ", ".join(e for e in extras if e) + ")"
-    return TraceColumns(arrival, prompt, output, ids, source)
+    return TraceColumns(arrival, prompt, output, ids, source, hashes)
 
 
 def read_length_column(path: str | Path, column: str) -> IntArray:
@@ -312,17 +315,21 @@ def _read_csv(
 
 def _read_jsonl(
     path: Path, fmt: _Format, limit: int | None, where: str
-) -> tuple[FloatArray, IntArray, IntArray, IntArray]:
-    """Mooncake JSONL; one request per line, values checked as they are read (errors name the line)."""
+) -> tuple[FloatArray, IntArray, IntArray, IntArray, list[list[int]] | None]:
+    """Mooncake JSONL; one request per line, values checked as they are read (errors name the line). The optional
+    ``hash_ids`` (a list of non-negative integers per line) are kept when every line has them."""
     fields = (fmt.arrival, fmt.prompt, fmt.output)
     rows: list[tuple[float, int, int]] = []
+    hashes: list[list[int] | None] = []
     lines: list[int] = []
     lineno = 0  # the last line read
     try:
         with files.open_text(path, where) as f:
             for lineno, line in enumerate(f, start=1):
                 if line.strip():
-                    rows.append(_jsonl_row(line, f"{where}: line {lineno}", fields))
+                    row, ids = _jsonl_row(line, f"{where}: line {lineno}", fields)
+                    rows.append(row)
+                    hashes.append(ids)
                     lines.append(lineno)
                     if limit is not None and len(rows) >= limit:
                         break
@@ -331,12 +338,16 @@ def _read_jsonl(
     except files.DAMAGED as exc:
         raise ValueError(f"{where}: damaged compressed data past line {lineno} ({exc})") from None
     table = np.array(rows, dtype=np.float64).reshape(-1, 3)
+    kept = [h for h in hashes if h is not None]
+    every = kept if len(kept) == len(hashes) and kept else None
     # milliseconds -> seconds; token counts were checked to be whole numbers <= MAX_TOKENS, exact in float64
-    return table[:, 0] * 1e-3, table[:, 1].astype(np.int64), table[:, 2].astype(np.int64), np.array(lines)
+    arrival, prompt, output = table[:, 0] * 1e-3, table[:, 1].astype(np.int64), table[:, 2].astype(np.int64)
+    return arrival, prompt, output, np.array(lines), every
 
 
-def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[float, int, int]:
-    """The (arrival, prompt, output) fields of one JSONL line; ``at`` names the file and line in errors."""
+def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[tuple[float, int, int], list[int] | None]:
+    """The (arrival, prompt, output) fields of one JSONL line, and its ``hash_ids`` if it has them; ``at`` names the
+    file and line in errors."""
     try:
         line.encode("utf-8")
     except UnicodeEncodeError:  # a byte that was not text, kept as a lone surrogate by files.open_text
@@ -353,4 +364,9 @@ def _jsonl_row(line: str, at: str, fields: tuple[str, str, str]) -> tuple[float,
         if key not in record:
             raise ValueError(f"{at}: missing field {key!r}; fields found: {sorted(record)}")
         values.check_json(record[key], key == fields[0], f"{at}: field {key!r}")
-    return record[fields[0]], record[fields[1]], record[fields[2]]
+    ids = record.get("hash_ids")
+    if ids is not None and not (
+        isinstance(ids, list) and all(type(h) is int and 0 <= h < 2**63 for h in ids)  # noqa: E721 (no bools)
+    ):
+        raise ValueError(f"{at}: field 'hash_ids' must be a list of non-negative integers, got {str(ids):.60}")
+    return (record[fields[0]], record[fields[1]], record[fields[2]]), ids
