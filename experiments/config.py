@@ -63,6 +63,16 @@ class WorkloadConfig(BaseModel):
     num_prefix_groups: StrictInt = Field(
         1, ge=1, description="synthetic: distinct shared prompts of prefix_len tokens, one drawn per request"
     )
+    turns: StrictInt = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="synthetic: turns of each conversation (num_prompts conversations); a turn's prompt is the "
+        "conversation so far plus a new message of input_len tokens",
+    )
+    think_time_s: Number = Field(
+        0.0, ge=0, description="synthetic, turns > 1: mean seconds (exponential) between an answer and the next turn"
+    )
 
     @field_validator("input_len", "output_len", mode="before")
     @classmethod
@@ -155,7 +165,7 @@ def changed_fields(model: BaseModel) -> list[str]:
 
 RUN_SETTINGS_READ_BY_POLICY = ("kv_watermark", "vllm_defaults", "enable_prefix_caching")
 SYNTHETIC_ONLY = ("request_rate", "burstiness", "lengths_from", "lengths_max_total", "input_len", "output_len", "seed",
-                  "prefix_len", "num_prefix_groups")  # fmt: skip
+                  "prefix_len", "num_prefix_groups", "turns", "think_time_s")  # fmt: skip
 TRACE_ONLY = ("trace_format", "trace_time_scale", "sort_trace")
 
 

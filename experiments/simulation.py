@@ -36,6 +36,7 @@ from sim.request import RequestTable
 from sim.workload import Workload, load_trace, synthetic
 from sim.workload.lengths import read_length_pairs
 from sim.workload.prefixes import grouped
+from sim.workload.sessions import multi_turn
 
 DEFAULT_NUM_PROMPTS = 1000
 
@@ -60,15 +61,17 @@ def build_workload(config: RunConfig) -> Workload:
     num = w.num_prompts if w.num_prompts is not None else DEFAULT_NUM_PROMPTS
     pairs = read_length_pairs(w.lengths_from, w.lengths_max_total) if w.lengths_from is not None else None
     workload = synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
-    if w.prefix_len == 0:
-        return workload
-    shared = grouped(num, w.prefix_len, w.num_prefix_groups, rng)  # drawn after the requests: they stay the same
-    return dataclasses.replace(
-        workload,
-        prompt_tokens=workload.prompt_tokens + w.prefix_len,
-        source=f"{workload.source} prefix={w.prefix_len}x{w.num_prefix_groups}",
-        prefixes=shared,
-    )
+    if w.prefix_len > 0:
+        shared = grouped(num, w.prefix_len, w.num_prefix_groups, rng)  # drawn after the requests: they stay the same
+        workload = dataclasses.replace(
+            workload,
+            prompt_tokens=workload.prompt_tokens + w.prefix_len,
+            source=f"{workload.source} prefix={w.prefix_len}x{w.num_prefix_groups}",
+            prefixes=shared,
+        )
+    if w.turns > 1:
+        workload = multi_turn(workload, w.turns, w.think_time_s, w.input_len, w.output_len, rng)
+    return workload
 
 
 def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> tuple[RunConfig, EngineDefaults | None]:
@@ -130,6 +133,7 @@ class Replica:
     def new_requests(self, workload: Workload) -> tuple[RequestTable, KVCacheManager]:
         """A fresh request table and KV cache for one run of ``workload`` on this replica."""
         requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
+        requests.after, requests.think = workload.after, workload.think_s
         return requests, self.new_kv(workload)
 
     def new_kv(self, workload: Workload) -> KVCacheManager:
@@ -331,13 +335,13 @@ def simulate_replicas(
 
 def engine_for(config: RunConfig) -> str:
     """The engine a run takes: the config's, but the reference engine for what the compiled engine does not model
-    (prefix caching), with a one-line notice when the compiled engine was asked for by name."""
-    if config.enable_prefix_caching and config.engine != "reference":
+    (prefix caching, multi-turn sessions), with a one-line notice when the compiled engine was asked for by name."""
+    parts = ["prefix caching"] if config.enable_prefix_caching else []
+    parts += ["multi-turn sessions"] if config.workload.turns > 1 else []
+    if parts and config.engine != "reference":
         if config.engine == "compiled":
-            print(
-                "ferry: the compiled engine does not model prefix caching; running the reference engine",
-                file=sys.stderr,
-            )
+            notice = f"ferry: the compiled engine does not model {' and '.join(parts)}; running the reference engine"
+            print(notice, file=sys.stderr)
         return "reference"
     return config.engine
 

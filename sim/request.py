@@ -40,6 +40,7 @@ class Reason(IntEnum):
     STALLED = 4  # the policy stopped scheduling with work left (a policy bug; never expected)
     ABORTED = 5  # its client went away before it ended (a live server, ``experiments.real.live``)
     FAILED = 6  # a live server did not serve it (seen from a client: an error, or no token; ``experiments.real``)
+    EARLIER_TURN_REJECTED = 7  # a conversation's turn whose turn before was rejected: its client never sent it
 
     @property
     def label(self) -> str:
@@ -103,6 +104,10 @@ class RequestTable:
         self.finish = nan.copy()  # time its last token was made (s)
         self.released = nan.copy()  # time it gave back its seat and memory: its finish, or its batch's end (s)
         self._buffers: dict[str, np.ndarray] = {}  # the columns' storage once the table grows (``append``)
+        # sessions (``Workload.after``, ``think_s``): the turn before each request (-1: none), and the seconds its
+        # client thinks after that turn's response before sending it; None without sessions
+        self.after: npt.NDArray[np.int64] | None = None
+        self.think: npt.NDArray[np.float64] | None = None
 
     def __len__(self) -> int:
         return self.n

@@ -97,6 +97,22 @@ class SchedulerState:
         self._preempted_since_batch = 0
         self.unfinished = self.routed  # requests (routed here) not yet finished or rejected
         self.num_held = 0  # seated requests that are done and wait for their batch to end
+        self.next_turns: dict[int, list[int]] = {}  # sessions: request -> the turns sent after its response
+        if requests.after is not None:
+            self._sessions(requests.after, routed)
+
+    def _sessions(self, after: npt.NDArray[np.int64], routed: bool) -> None:
+        """Only first turns are in the inbox at the start; each later turn joins it when the turn before ends."""
+        if routed:
+            raise ValueError("multi-turn sessions run on one replica (a cluster routes each request as it arrives)")
+        first = np.flatnonzero(after < 0)
+        self.reqs.arrival = self.reqs.arrival.copy()  # later turns' arrivals are written as they are sent
+        self.inbox = first.astype(np.int64)
+        self.inbox_arrival = self.reqs.arrival[first].copy()
+        self.routed = len(first)
+        for req, before in enumerate(after.tolist()):
+            if before >= 0:
+                self.next_turns.setdefault(before, []).append(req)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     @property
@@ -111,15 +127,42 @@ class SchedulerState:
 
     def route(self, req: int) -> None:
         """A router hands this replica request ``req`` (arriving no earlier than those before it)."""
-        if self.routed == len(self.inbox):
-            size = max(64, 2 * len(self.inbox))
-            self.inbox = np.concatenate([self.inbox, np.zeros(size - len(self.inbox), dtype=np.int64)])
-            self.inbox_arrival = np.concatenate([self.inbox_arrival, np.zeros(size - len(self.inbox_arrival))])
+        self._grow_inbox()
         self.inbox[self.routed] = req
         self.inbox_arrival[self.routed] = self.reqs.arrival[req]
         self.routed += 1
         self.unfinished += 1
         self.records.itl.reserve(max(int(self.reqs.output_wanted[req]) - 1, 0))
+
+    def _grow_inbox(self) -> None:
+        if self.routed == len(self.inbox):
+            size = max(64, 2 * len(self.inbox))
+            self.inbox = np.concatenate([self.inbox, np.zeros(size - len(self.inbox), dtype=np.int64)])
+            self.inbox_arrival = np.concatenate([self.inbox_arrival, np.zeros(size - len(self.inbox_arrival))])
+
+    def _turn_ended(self, req: int, when: float) -> None:
+        """Sessions: the response of ``req`` ended at ``when`` (s); each turn after it is sent a think time later
+        (joining the inbox in arrival order)."""
+        reqs = self.reqs
+        assert reqs.think is not None
+        for turn in self.next_turns.pop(req, ()):
+            t = when + float(reqs.think[turn])
+            reqs.arrival[turn] = t
+            self._grow_inbox()
+            pos = self._arrived + int(np.searchsorted(self.inbox_arrival[self._arrived : self.routed], t, side="right"))
+            self.inbox[pos + 1 : self.routed + 1] = self.inbox[pos : self.routed]
+            self.inbox_arrival[pos + 1 : self.routed + 1] = self.inbox_arrival[pos : self.routed]
+            self.inbox[pos], self.inbox_arrival[pos] = turn, t
+            self.routed += 1
+
+    def _turn_rejected(self, req: int) -> None:
+        """Sessions: ``req`` was rejected, so its client sends none of the turns after it: each ends now, rejected."""
+        for turn in self.next_turns.pop(req, ()):
+            self.reqs.arrival[turn] = self.now
+            self.reqs.status[turn] = Status.REJECTED
+            self.reqs.reason[turn] = Reason.EARLIER_TURN_REJECTED
+            self.unfinished -= 1
+            self._turn_rejected(turn)
 
     def work_left(self) -> int:
         """Tokens still to compute for the unfinished requests here: prompt left to prefill plus output left to
@@ -159,6 +202,8 @@ class SchedulerState:
         self.reqs.status[req] = Status.REJECTED
         self.reqs.reason[req] = reason
         self.unfinished -= 1
+        if self.next_turns:
+            self._turn_rejected(req)
 
     # ---- what policies do -----------------------------------------------------------------------------------------
     def admit_next(self) -> int:
@@ -198,6 +243,8 @@ class SchedulerState:
             self.kv.free_request(req)
             self.reqs.status[req] = Status.FINISHED
             self.reqs.released[req] = self.now
+            if self.next_turns:
+                self._turn_ended(req, self.now)
         self.num_held -= len(reqs)
         self.running = [r for r in self.running if r not in gone]
         self.unfinished -= len(reqs)
@@ -256,6 +303,8 @@ class SchedulerState:
                 reqs.released[done] = end
                 for req in done.tolist():
                     self.kv.free_request(req)
+                    if self.next_turns:
+                        self._turn_ended(req, end)
                 gone = set(done.tolist())
                 self.running = [r for r in self.running if r not in gone]
                 self.unfinished -= len(done)

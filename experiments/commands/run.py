@@ -162,6 +162,16 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         "--num-prefix-groups", type=int, default=S, help="synthetic: distinct shared prompts, one drawn per request (1)"
     )
     g.add_argument(
+        "--turns",
+        type=int,
+        default=S,
+        help="synthetic: turns per conversation (each of --num-prompts starts one; a turn's prompt is the "
+        "conversation so far plus a new --input-len message) (1)",
+    )
+    g.add_argument(
+        "--think-time", dest="think_time_s", type=float, default=S, help="with --turns: mean s between turns (0)"
+    )
+    g.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,
         default=S,

@@ -3,6 +3,7 @@ loop that yields as many timeouts as the run had iterations (the event loop's ow
 
     python -m experiments.studies.bench                       # continuous and chunked at 10k, 100k and 1M requests
     python -m experiments.studies.bench --sizes 10000 --engines compiled reference
+    python -m experiments.studies.bench --sizes 20000 --engines reference --prefix-caching   # the feature's cost
 
 Workload: llama-3-8b on h100-sxm, ShareGPT-like lengths (lognormal with the vLLM paper's ShareGPT means: 161 prompt and
 338 output tokens), Poisson arrivals at 20 requests/s, which keeps the replica busy (no idle time) but stable (it
@@ -25,7 +26,11 @@ INPUT_LEN = "lognormal:mean=161,sigma=1.0,max=2048"
 OUTPUT_LEN = "lognormal:mean=338,sigma=0.8,max=2048"
 
 
-def one_case(policy: str, size: int, engine: str, rate: float, seed: int) -> dict[str, Any]:
+# ``--prefix-caching``: every request starts with one of 8 system prompts of 400 tokens, and the KV cache reuses them
+PREFIX_CACHING = {"enable_prefix_caching": True, "prefix_len": 400, "num_prefix_groups": 8}
+
+
+def one_case(policy: str, size: int, engine: str, rate: float, seed: int, caching: bool = False) -> dict[str, Any]:
     """Run one case in this process and measure it."""
     from experiments.config import RunConfig
     from experiments.simulation import build_workload, run_simulation
@@ -34,6 +39,7 @@ def one_case(policy: str, size: int, engine: str, rate: float, seed: int) -> dic
         return RunConfig.model_validate(
             {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": policy, "engine": engine,
              "num_prompts": n, "request_rate": rate, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "seed": seed}
+            | (PREFIX_CACHING if caching else {})
         )  # fmt: skip
 
     t = time.perf_counter()
@@ -49,7 +55,7 @@ def one_case(policy: str, size: int, engine: str, rate: float, seed: int) -> dic
     t2 = time.perf_counter()
     s = result.summary
     return {
-        "policy": policy,
+        "policy": policy + (" +prefix caching" if caching else ""),
         "engine": s["engine"],
         "requests": size,
         "iterations": s["num_iterations"],
@@ -87,14 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=20.0, help="requests per second")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument(
+        "--prefix-caching", action="store_true", help="with 8 shared 400-token system prompts and prefix caching"
+    )
     p.add_argument("--one", nargs=3, metavar=("POLICY", "SIZE", "ENGINE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         policy, size, engine = args.one
-        print(json.dumps(one_case(policy, int(size), engine, args.rate, args.seed)))
+        print(json.dumps(one_case(policy, int(size), engine, args.rate, args.seed, args.prefix_caching)))
         return 0
 
-    header = (f"{'policy':<11}{'engine':<10}{'requests':>10}{'iterations':>12}{'wall s':>9}{'total s':>9}"
+    header = (f"{'policy':<24}{'engine':<10}{'requests':>10}{'iterations':>12}{'wall s':>9}{'total s':>9}"
               f"{'iter/s':>11}{'peak MB':>9}{'SimPy s':>9}{'ratio':>7}")  # fmt: skip
     print(header)
     rows = []
@@ -103,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
             for size in args.sizes:
                 cmd = [sys.executable, "-m", "experiments.studies.bench", "--one", policy, str(size), engine,
                        "--rate", str(args.rate), "--seed", str(args.seed)]  # fmt: skip
+                cmd += ["--prefix-caching"] if args.prefix_caching else []
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 row = json.loads(out.strip().splitlines()[-1])
                 row["simpy_s"] = bare_simpy(row["iterations"])
                 row["ratio"] = row["wall_s"] / row["simpy_s"]
                 rows.append(row)
                 print(
-                    f"{policy:<11}{row['engine']:<10}{size:>10,}{row['iterations']:>12,}{row['wall_s']:>9.2f}"
+                    f"{row['policy']:<24}{row['engine']:<10}{size:>10,}{row['iterations']:>12,}{row['wall_s']:>9.2f}"
                     f"{row['total_s']:>9.2f}{row['iterations'] / row['wall_s']:>11,.0f}{row['peak_rss_mb']:>9,.0f}"
                     f"{row['simpy_s']:>9.2f}{row['ratio']:>7.2f}",
                     flush=True,

@@ -39,6 +39,11 @@ class Workload:
     # the token runs each prompt starts with that other requests may share (system prompts, Mooncake hash_ids), or
     # None: every prompt is its own (``sim.workload.prefixes``; what prefix caching can reuse)
     prefixes: Prefixes | None = None
+    # sessions (multi-turn conversations), or None: row ``after[i]`` (an earlier row; -1 for none) is the turn before
+    # row i, which is sent ``think_s[i]`` seconds after that turn's response has ended; its ``arrival_s`` is NaN until
+    # a simulation sets it. Rows with no turn before arrive at ``arrival_s``, in order
+    after: IntArray | None = None
+    think_s: FloatArray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s) if isinstance(self.arrival_s, np.ndarray) else -1
@@ -55,17 +60,23 @@ class Workload:
                 raise ValueError(f"{name} must be a 1-D {np.dtype(kind)} numpy array, got {got}")
             if len(values) != n:
                 raise ValueError(f"{name} has {len(values)} rows but arrival_s has {n}")
-            _bad_row(name, values, ~np.isfinite(values) if kind == np.float64 else None, "is not finite")
+            follows = self.after is not None and name == "arrival_s"
+            finite = np.isfinite(values) if kind == np.float64 else None
+            if follows and finite is not None:  # a later turn's arrival is not known before the simulation
+                finite = np.where(np.asarray(self.after) >= 0, np.isnan(values), finite)
+            _bad_row(name, values, None if finite is None else ~finite, "is not finite")
             _bad_row(name, values, values < 0, "is negative")
             view = values.view()
             view.flags.writeable = False
             object.__setattr__(self, name, view)
-        if n > 1:
-            down = np.flatnonzero(np.diff(self.arrival_s) < 0)
+        self._check_sessions(n)
+        first = self.first_turns()
+        if len(first) > 1:
+            down = np.flatnonzero(np.diff(self.arrival_s[first]) < 0)
             if down.size:
-                i = int(down[0]) + 1
-                now, before = self.arrival_s[i].item(), self.arrival_s[i - 1].item()
-                raise ValueError(f"arrival_s is not sorted: row {i} is {now!r} < row {i - 1} {before!r}")
+                i, j = int(first[down[0] + 1]), int(first[down[0]])
+                now, before = self.arrival_s[i].item(), self.arrival_s[j].item()
+                raise ValueError(f"arrival_s is not sorted: row {i} is {now!r} < row {j} {before!r}")
         if self.request_id is not None:
             ids = self.request_id
             if not isinstance(ids, np.ndarray) or ids.dtype != object or ids.ndim != 1 or len(ids) != n:
@@ -77,7 +88,29 @@ class Workload:
             view.flags.writeable = False
             object.__setattr__(self, "request_id", view)
         if self.prefixes is not None:
-            self.prefixes.check(self.prompt_tokens)
+            self.prefixes.check(self.prompt_tokens, self.output_tokens)
+
+    def _check_sessions(self, n: int) -> None:
+        if (self.after is None) != (self.think_s is None):
+            raise ValueError("after and think_s come together (sessions) or not at all")
+        if self.after is None or self.think_s is None:
+            return
+        after = np.ascontiguousarray(self.after, dtype=np.int64)
+        think = np.ascontiguousarray(self.think_s, dtype=np.float64)
+        if len(after) != n or len(think) != n:
+            raise ValueError(f"after and think_s must have {n} rows")
+        bad = np.flatnonzero((after >= np.arange(n)) | (after < -1))
+        if bad.size:
+            raise ValueError(f"after row {int(bad[0])}: {int(after[bad[0]])} is not an earlier row (or -1)")
+        _bad_row("think_s", think, ~np.isfinite(think) | (think < 0), "is not a time >= 0")
+        for name, values in (("after", after), ("think_s", think)):
+            view = values.view()
+            view.flags.writeable = False
+            object.__setattr__(self, name, view)
+
+    def first_turns(self) -> IntArray:
+        """Rows that arrive at their ``arrival_s`` (all of them without sessions)."""
+        return np.arange(len(self)) if self.after is None else np.flatnonzero(self.after < 0)
 
     @classmethod
     def from_arrays(
@@ -112,11 +145,13 @@ class Workload:
         same_ids = self.request_id is None and other.request_id is None
         return (
             self.source == other.source
-            and np.array_equal(self.arrival_s, other.arrival_s)
+            and np.array_equal(self.arrival_s, other.arrival_s, equal_nan=True)
             and np.array_equal(self.prompt_tokens, other.prompt_tokens)
             and np.array_equal(self.output_tokens, other.output_tokens)
             and (same_ids or np.array_equal(self.ids(), other.ids()))
             and _same_prefixes(self.prefixes, other.prefixes)
+            and _same(self.after, other.after)
+            and _same(self.think_s, other.think_s)
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: compared by value, not hashable
@@ -129,7 +164,11 @@ class Workload:
             return self
         ids = None if self.request_id is None else self.request_id[:n]
         prefixes = None if self.prefixes is None else self.prefixes.take(np.arange(n))
-        return Workload(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, self.source, prefixes)
+        after = None if self.after is None else self.after[:n]
+        think = None if self.think_s is None else self.think_s[:n]
+        return Workload(
+            self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, self.source, prefixes, after, think
+        )
 
     def id_of(self, i: int) -> str:
         """The id of row ``i``."""
@@ -153,6 +192,10 @@ class Workload:
                 "request_id": self.ids(),
             }
         )
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is b if a is None or b is None else np.array_equal(a, b)
 
 
 def _same_prefixes(a: Prefixes | None, b: Prefixes | None) -> bool:

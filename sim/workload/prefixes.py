@@ -50,16 +50,17 @@ class Prefixes:
         sums = np.concatenate([[0], np.cumsum(self.tokens)])
         return sums[self.offsets[1:]] - sums[self.offsets[:-1]]
 
-    def check(self, prompt_tokens: IntArray) -> None:
-        """Refuse segments longer than their request's prompt (naming the first such request)."""
+    def check(self, prompt_tokens: IntArray, output_tokens: IntArray) -> None:
+        """Refuse segments longer than their request's prompt and output (naming the first such request); segments
+        past the prompt are its answer's, which a later turn of a conversation starts with."""
         if len(self) != len(prompt_tokens):
             raise ValueError(f"prefixes describe {len(self)} requests, the workload has {len(prompt_tokens)}")
-        over = np.flatnonzero(self.covered() > prompt_tokens)
+        over = np.flatnonzero(self.covered() > prompt_tokens + output_tokens)
         if over.size:
             i = int(over[0])
             raise ValueError(
                 f"request row {i}: its shared segments cover {int(self.covered()[i])} tokens, more than its prompt "
-                f"of {int(prompt_tokens[i])}"
+                f"and output ({int(prompt_tokens[i])} + {int(output_tokens[i])})"
             )
 
     def take(self, rows: IntArray) -> Prefixes:
