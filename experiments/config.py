@@ -231,7 +231,7 @@ class RunConfig(BaseModel):
     router: str = Field(
         "round_robin",
         description="which replica serves each request: round_robin, random, least_requests, least_tokens, "
-        "least_kv, power_of_two, or module:Class (clusters only)",
+        "least_kv, power_of_two, prefix_affinity, or module:Class (clusters only)",
     )
     router_seed: StrictInt = Field(0, ge=0, description="seed of the random and power_of_two routers")
     replica_groups: tuple[dict[str, Any], ...] = Field(

@@ -7,7 +7,8 @@ per request, in arrival order, after every replica has run its events before tha
 
 The built-in ones follow the load-balancing policies of serving routers (vLLM's production-stack router offers round
 robin and session affinity; llm-d's and BLIS's schedulers score replicas by queue length and KV-cache usage;
-power-of-two choices is Mitzenmacher's): round_robin, random, least_requests, least_tokens, least_kv, power_of_two.
+power-of-two choices is Mitzenmacher's): round_robin, random, least_requests, least_tokens, least_kv, power_of_two,
+and prefix_affinity (where the prompt is cached, tempered by load).
 Ties go to the lowest index. A user's router is ``package.module:Class`` with ``__init__(num_replicas, rng)`` and
 ``route(load, prompt, output)``.
 """
@@ -147,3 +148,21 @@ class PowerOfTwo(_Base):
             return 0
         a, b = (int(x) for x in self.rng.choice(self.n, size=2, replace=False))
         return b if load.unfinished[b] < load.unfinished[a] else a
+
+
+@register
+class PrefixAffinity(_Base):
+    """The replica whose prefix cache holds most of the request's prompt, tempered by load (prefix-aware routing, as
+    llm-d's scheduler scores replicas by prefix-cache hits and queue length, and BLIS models it). Each replica scores
+    the share of the prompt it has cached (0 to 1) less its unfinished requests above the least loaded replica's,
+    relative to the mean plus one: a cached prefix is worth a replica about one mean queue busier. Without prefix
+    caching (nothing cached anywhere) it is least_requests."""
+
+    name = "prefix_affinity"
+    reads = ("unfinished", "cached")
+
+    def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
+        cached = load.cached if load.cached is not None else np.zeros(self.n)
+        unfinished = load.unfinished.astype(float)
+        crowding = (unfinished - unfinished.min()) / (1.0 + unfinished.mean())
+        return int(np.argmax(cached / max(prompt, 1) - crowding))

@@ -33,7 +33,7 @@ from sim.request import RequestTable
 from sim.state import Batch, SchedulerState, max_gaps
 
 IntArray = npt.NDArray[np.int64]
-LOADS = ("unfinished", "work_left", "kv_used")
+LOADS = ("unfinished", "work_left", "kv_used", "cached")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,9 @@ class ReplicaLoad:
     kv_used: IntArray
     # KV-cache blocks the replica has (blocks)
     kv_blocks: IntArray
+    # prompt tokens of the arriving request the replica has in its prefix cache (tokens; zeros without prefix caching
+    # or for a router that does not read "cached")
+    cached: IntArray | None = None
 
 
 class Router(Protocol):
@@ -224,6 +227,15 @@ class ClusterRecords:
         return np.repeat(np.arange(len(self.replicas)), [len(r.iterations) for r in self.replicas])
 
 
+def _cached(setups: list[ReplicaSetup], req: int, prompt: int) -> IntArray:
+    """Tokens of request ``req``'s prompt each replica's prefix cache holds (its leading blocks found there)."""
+    out = np.zeros(len(setups), dtype=np.int64)
+    for j, setup in enumerate(setups):
+        if isinstance(setup.kv, PrefixCachingKV):
+            out[j] = setup.kv.lookup(req, prompt)[0] * setup.kv.block_size
+    return out
+
+
 def _summed(counters: list[dict[str, int] | None]) -> dict[str, int] | None:
     """The replicas' prefix-cache counters added up (None without prefix caching)."""
     kept = [c for c in counters if c is not None]
@@ -317,7 +329,8 @@ def simulate_cluster(
                     loads[:, j] = replicas[j].load(reads)
                 stale[:] = False
                 now_loads = loads.copy()  # the router may keep what it is shown
-                load = ReplicaLoad(now_loads[0], now_loads[1], now_loads[2], blocks)
+                cached = _cached(setups, i, int(prompt[i])) if "cached" in reads else zeros
+                load = ReplicaLoad(now_loads[0], now_loads[1], now_loads[2], blocks, cached)
             k = router.route(load, int(prompt[i]), int(output[i]))
             if not (isinstance(k, (int, np.integer)) and 0 <= k < len(replicas)):
                 raise ValueError(f"the router chose replica {k!r} for request {i}; expected 0..{len(replicas) - 1}")

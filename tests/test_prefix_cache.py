@@ -223,3 +223,17 @@ def test_a_cluster_sums_its_replicas_caches() -> None:
     # round robin splits each group over both replicas: each computes each shared prompt once (more misses)
     assert 0 < two["prefix_cache_hits"] < one["prefix_cache_hits"]
     assert two["requests_with_cache_hit"] < one["requests_with_cache_hit"]
+
+
+def test_prefix_affinity_routes_requests_where_their_prefix_is_cached() -> None:
+    config = {"policy": "chunked", "enable_prefix_caching": True, "num_prompts": 200, "request_rate": 20,
+              "input_len": 128, "output_len": 16, "prefix_len": 1024, "num_prefix_groups": 4,
+              "replicas": 2}  # fmt: skip
+    spread = run_simulation(RunConfig.model_validate(config)).summary  # round robin
+    affine = run_simulation(RunConfig.model_validate(config | {"router": "prefix_affinity"})).summary
+    assert affine["prefix_cache_hit_rate"] > spread["prefix_cache_hit_rate"]
+    assert affine["prefill_tokens_saved"] > spread["prefill_tokens_saved"]
+    # one shared prompt: every replica has it cached after its first request, so load decides, and both serve
+    one = run_simulation(RunConfig.model_validate(config | {"router": "prefix_affinity", "num_prefix_groups": 1}))
+    served = np.bincount(one.cluster.replica_of, minlength=2)
+    assert served.min() > 50

@@ -84,7 +84,8 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     g.add_argument(
         "--router",
         default=S,
-        help="round_robin (default), random, least_requests, least_tokens, least_kv, power_of_two, or module:Class",
+        help="round_robin (default), random, least_requests, least_tokens, least_kv, power_of_two, prefix_affinity, "
+        "or module:Class",
     )
     g.add_argument("--router-seed", type=int, default=S, help="seed of the random and power_of_two routers (0)")
     g = p.add_argument_group("scheduler")
