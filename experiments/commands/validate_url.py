@@ -58,6 +58,7 @@ def validate_url(
     comparison["workload"] = workload.source
     comparison["url"] = url
     client_s = float(calibration_setting(hardware, "client_s") or 0.0)
+    comparison["client_handling_ms"] = 1e3 * client_s
     if client_s:
         comparison["note"] = (
             f"the probe measured {1e3 * client_s:.2f} ms of request handling before a first token, which the "
