@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,6 +23,8 @@ from pydantic import (
 )
 
 from costmodel.engines import get_engine
+from experiments.config_file import read_mapping
+from experiments.disagg_config import Disaggregation, check_disaggregation
 from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number, SchedulerConfig
 from policies.vllm_defaults import LATEST, OLDEST, release_in_force
 from sim.workload import FORMATS, LengthSpec, parse_length_spec
@@ -125,26 +126,6 @@ class WorkloadConfig(BaseModel):
         return self
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the last silently)."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice (lines {seen[key]} and {line})", key_node.start_mark
-            )
-        seen[key] = line
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
 def show(value: Any) -> str:
     """A setting as a user writes it: a length spec as its text, a number plainly, anything else as repr."""
     if hasattr(value, "text"):  # a length spec
@@ -239,6 +220,9 @@ class RunConfig(BaseModel):
         description="a cluster of different replicas: groups of `count` replicas, each group's fields (hardware, "
         "tensor_parallel_size, any scheduler or memory field) replacing this config's; replaces --replicas",
     )
+    disaggregation: Disaggregation | None = Field(
+        None, description="prefill and decode on separate pools of replicas (experiments.disagg_config)"
+    )
     record_batches: StrictBool = Field(
         False,
         description="keep who took part in each iteration, with their tokens (batches.csv: one row per request and "
@@ -293,7 +277,9 @@ class RunConfig(BaseModel):
                     self.group_config(k)
                 except ValueError as exc:
                     raise ValueError(f"replica_groups[{k}] ({group}): {exc}") from None
-        if self.num_replicas == 1:
+        if self.disaggregation is not None:
+            check_disaggregation(self)
+        elif self.num_replicas == 1:
             ignored = [k for k in changed_fields(self) if k in ("router", "router_seed")]
             if ignored:
                 raise ValueError(f"{', '.join(ignored)}: a router only acts with two replicas or more")
@@ -311,9 +297,18 @@ class RunConfig(BaseModel):
             return sum(int(g.get("count", 1)) for g in self.replica_groups)
         return self.replicas
 
+    def pool_config(self, role: str) -> RunConfig:
+        """The config of one replica of the disaggregated pool ``role`` (prefill or decode)."""
+        assert self.disaggregation is not None
+        return self.overlay(getattr(self.disaggregation, role))
+
     def group_config(self, k: int) -> RunConfig:
         """The config of one replica of group ``k``: this config with the group's fields (``count`` aside)."""
-        group = dict(self.replica_groups[k])
+        return self.overlay(self.replica_groups[k])
+
+    def overlay(self, given: dict[str, Any]) -> RunConfig:
+        """This config with a replica group's fields (``count`` aside) in place of its own."""
+        group = dict(given)
         count = group.pop("count", 1)
         if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
             raise ValueError(f"count={count!r}: the group's number of replicas, an integer >= 1")
@@ -322,9 +317,8 @@ class RunConfig(BaseModel):
         if unknown or banned:
             raise ValueError(f"{', '.join(unknown + banned)}: not a field a replica group may set")
         data = self.model_dump(exclude_unset=True)
-        data.pop("replica_groups", None)
-        data.pop("router", None)
-        data.pop("router_seed", None)
+        for key in ("replica_groups", "disaggregation", "router", "router_seed"):
+            data.pop(key, None)
         scheduler = dict(data.pop("scheduler", {}))
         for key, value in group.items():
             if key in SchedulerConfig.model_fields and key not in RunConfig.model_fields:
@@ -350,15 +344,7 @@ class RunConfig(BaseModel):
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read a YAML (or JSON) config file and apply ``overrides`` (flat field names) on top."""
         path = Path(path)
-        try:
-            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
-        except yaml.MarkedYAMLError as exc:
-            where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark is not None else ""
-            raise ValueError(f"{path}: not valid YAML{where}: {exc.problem}") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of field names to values, got {type(data).__name__}")
+        data = read_mapping(path)
         if "config" in data and isinstance(data["config"], dict):  # a summary.json: take its resolved config
             data = data["config"]
         return cls.load_dict(data, overrides)
@@ -384,7 +370,7 @@ class RunConfig(BaseModel):
 
 # run-wide fields a replica group may not set (the model, the workload and the run's own settings)
 _NOT_PER_REPLICA = ("model", "workload", "replicas", "router", "router_seed", "replica_groups", "goodput", "engine",
-                    "itl", "record_batches", "stream")  # fmt: skip
+                    "itl", "record_batches", "stream", "disaggregation")  # fmt: skip
 
 
 def _finite(value: Any) -> Any:

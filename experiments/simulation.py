@@ -27,6 +27,7 @@ from policies.routing import get_router
 from policies.vllm_defaults import EngineDefaults, engine_defaults
 from sim.cluster import ClusterRecords, ReplicaSetup, simulate_cluster
 from sim.cluster_metrics import summarize_cluster
+from sim.disagg import DisaggRecords
 from sim.engine import default_stream, simulate
 from sim.kvcache import KVCacheManager
 from sim.metrics import batch_frame, request_frame, summarize
@@ -49,6 +50,7 @@ class RunResult:
     records: RunRecords  # a cluster's: every replica's iterations one after the other (``cluster.merged()``)
     summary: dict[str, Any]
     cluster: ClusterRecords | None = None  # a cluster's records, replica by replica
+    disagg: DisaggRecords | None = None  # a disaggregated run's: each pool's records and each request's path
 
 
 def build_workload(config: RunConfig) -> Workload:
@@ -241,6 +243,10 @@ def run_simulation(
     receives the wall seconds of the simulation call (``simulate_s``); ``detail=False`` leaves a cluster's
     per-replica summaries out (``sim.cluster_metrics.summarize_cluster``)."""
     given = config  # as the user wrote it: each replica group resolves its own defaults from it
+    if config.disaggregation is not None:
+        from experiments.disagg_run import run_disaggregated  # it builds its pools with this module's functions
+
+        return run_disaggregated(config, workload, timings)
     replica = build_replica(config)
     config = replica.config
     policy = policies.get(config.scheduler)
@@ -337,6 +343,7 @@ def engine_for(config: RunConfig) -> str:
     """The engine a run takes: the config's, but the reference engine for what the compiled engine does not model
     (prefix caching, multi-turn sessions), with a one-line notice when the compiled engine was asked for by name."""
     parts = ["prefix caching"] if config.enable_prefix_caching else []
+    parts += ["prefill/decode disaggregation"] if config.disaggregation is not None else []
     parts += ["multi-turn sessions"] if config.workload.turns > 1 else []
     if parts and config.engine != "reference":
         if config.engine == "compiled":
@@ -375,10 +382,15 @@ def write_outputs(result: RunResult, out: Path, force: bool = False, command: st
     summary = json.dumps(result.summary, indent=2, allow_nan=False) + "\n"  # fails before anything is written
     outputs.prepare(out, RUN_OUTPUTS, command, force)
     records, cluster = result.records, result.cluster
-    requests = request_frame(records)
-    requests["replica"] = cluster.replica_of if cluster is not None else 0
-    iterations = records.iterations.to_frame()
-    iterations["replica"] = cluster.iteration_replica() if cluster is not None else 0
+    if result.disagg is not None:
+        from experiments.disagg_run import disagg_frames
+
+        requests, iterations = disagg_frames(result.disagg)
+    else:
+        requests = request_frame(records)
+        requests["replica"] = cluster.replica_of if cluster is not None else 0
+        iterations = records.iterations.to_frame()
+        iterations["replica"] = cluster.iteration_replica() if cluster is not None else 0
     written = [
         outputs.write_frame(out / "requests.csv", requests),
         outputs.write_frame(out / "iterations.csv", iterations),

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from policies.config import SchedulerConfig
+from sim.kvcache import TransferredKV
 from sim.prefix_cache import PrefixCachingKV
 from sim.request import Status
 from sim.state import Batch, SchedulerState, Wait
@@ -227,13 +228,15 @@ def admit_waiting(
     before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running."""
     reqs, kv = state.reqs, state.kv
     cache = kv if isinstance(kv, PrefixCachingKV) else None
+    sent = kv if isinstance(kv, TransferredKV) else None
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
         req = state.waiting[0]
         hits = unreferenced = 0
         if cache is not None:  # its prefix found in the cache is not computed again (vLLM's get_computed_blocks)
             hits, unreferenced = cache.lookup(req, int(reqs.total_tokens(req)))
-        cached = hits * kv.block_size
+        # with disaggregation, the KV a prefill replica computed and sent is not computed again either
+        cached = hits * kv.block_size if sent is None else sent.found(req)
         need = int(reqs.remaining(req)) - cached
         chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
         if chunk > batch.budget:
@@ -249,6 +252,9 @@ def admit_waiting(
         state.admit_next()
         if cache is not None:
             cache.take(req, hits, int(reqs.total_tokens(req)))
+            state.cached(req, cached)
+        elif sent is not None and cached:
+            sent.take(req)
             state.cached(req, cached)
         kv.allocate(req, tokens)
         batch.add(req, chunk)

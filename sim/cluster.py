@@ -283,7 +283,7 @@ def simulate_cluster(
     compiled_ok = all(
         getattr(s.policy, "compiled", None) is not None
         and getattr(s.timer, "compiled", None) is not None
-        and not isinstance(s.kv, PrefixCachingKV)  # the compiled engine does not model prefix caching
+        and type(s.kv) is KVCacheManager  # the compiled engine models neither prefix caching nor sent KV
         for s in setups
     )
     if engine == "compiled" and not compiled_ok:

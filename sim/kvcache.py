@@ -82,3 +82,24 @@ class KVCacheManager:
         self.held[req] = 0
         self.used -= blocks
         return blocks
+
+
+class TransferredKV(KVCacheManager):
+    """A decode replica's cache under prefill/decode disaggregation: request ``req`` arrives with the KV of its first
+    ``present[req]`` tokens computed on a prefill replica and sent over. Admission allocates their blocks (they must
+    fit, as vLLM's ``KVCacheManager.allocate_slots`` asks of a remote prefill's blocks) and counts them as computed
+    (``policies.base.admit_waiting``); a request preempted later recomputes everything here."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, present: npt.NDArray[np.int64], watermark: float = 0.0
+    ) -> None:
+        super().__init__(num_blocks, block_size, len(present), watermark)
+        self.present = np.asarray(present, dtype=np.int64).copy()  # tokens whose KV arrived with the request
+
+    def found(self, req: int) -> int:
+        """Tokens of ``req`` whose KV it brought (0 once taken: after a preemption it recomputes them)."""
+        return int(self.present[req])
+
+    def take(self, req: int) -> None:
+        """``req`` was admitted with what it brought: its blocks are now its own, like any computed token's."""
+        self.present[req] = 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import policies
 from experiments import outputs
+from experiments.commands.disagg_cli import add_disagg_flags, disagg_overrides, disagg_rows
 from experiments.config import RunConfig
 from experiments.progress import Progress
 from experiments.simulation import RUN_OUTPUTS, run_simulation, write_outputs
@@ -88,6 +89,8 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         "or module:Class",
     )
     g.add_argument("--router-seed", type=int, default=S, help="seed of the random and power_of_two routers (0)")
+    if simulator:
+        add_disagg_flags(p)
     g = p.add_argument_group("scheduler")
     g.add_argument("--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (continuous)")
     g.add_argument("--max-model-len", type=int, default=S, help="max prompt+output tokens (model's context)")
@@ -213,6 +216,7 @@ def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = froz
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_FIELDS | not_fields}
     if "goodput" in overrides:
         overrides["goodput"] = parse_goodput(overrides["goodput"])
+    overrides = disagg_overrides(overrides)
     if args.config is not None:
         return RunConfig.load(args.config, overrides)
     return RunConfig.model_validate(overrides)
@@ -286,7 +290,10 @@ def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def cluster_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
-    """A cluster's header lines: replicas and router, then each replica's share (none for a single replica)."""
+    """A cluster's header lines: replicas and router, then each replica's share (none for a single replica); a
+    disaggregated run's pools and KV transfers."""
+    if "pools" in s:
+        return disagg_rows(s)
     if "replicas" not in s:
         return []
     cfg = s["config"]
@@ -319,7 +326,10 @@ def format_summary(s: dict[str, Any]) -> str:
     groups = s.get("replica_groups")
     engine = f" ({cfg['engine_overheads']} overheads)" if cfg.get("engine_overheads") else ""
     replica_rows: list[tuple[str, Any]] = [
-        ("Model / hardware", f"{s['model']} on {s['hardware']} x{cfg['tensor_parallel_size']}{engine}"),
+        (
+            "Model / hardware",
+            f"{s['model']} on {s['hardware']}" + ("" if "pools" in s else f" x{cfg['tensor_parallel_size']}{engine}"),
+        ),
         ("Policy", sched["policy"]),
         *scheduler_rows(s),
         ("Workload", s["workload"]),

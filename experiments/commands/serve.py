@@ -142,6 +142,8 @@ def serve(
         raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1")
     if config.enable_prefix_caching:
         raise ValueError("the real executor keeps each sequence's own KV: no --enable-prefix-caching")
+    if config.disaggregation is not None or config.num_replicas != 1:
+        raise ValueError("the real executor is one replica: no disaggregation or replicas")
     if config.quantization is not None or config.kv_cache_dtype != "auto":
         raise ValueError("the real executor keeps weights and KV cache in --dtype: no quantization or kv_cache_dtype")
     torch_device = K.device_of(device)

@@ -142,6 +142,8 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
         raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1")
     if config.quantization is not None or config.kv_cache_dtype != "auto":
         raise ValueError("the real executor keeps weights and KV cache in --dtype: no quantization or kv_cache_dtype")
+    if config.disaggregation is not None or config.num_replicas != 1:
+        raise ValueError("the real executor is one replica: no disaggregation or replicas")
     replica = build_replica(config)
     config, cost = replica.config, replica.cost
     workload = build_workload(config)
