@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation: a pool of prefill replicas and a pool of decode replicas, the KV cache of each
 request sent from one to the other over a link (DistServe, Splitwise; vLLM's disaggregated prefill with a KV
-connector, ``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`` and the proxy of
-``examples/online_serving/disaggregated_serving/``, vLLM 0.11).
+connector, ``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``, the decode side's
+``_update_waiting_for_remote_kv`` in ``vllm/v1/core/sched/scheduler.py`` and the proxy of
+``examples/online_serving/disaggregated_serving/``, vLLM main late 2026).
 
 A request is routed to a prefill replica when it arrives and prefills there as a one-token request (vLLM's proxy
 sends it with ``max_tokens=1``). When that iteration ends its KV (``prompt`` tokens) crosses the link: the prefill
@@ -15,7 +16,8 @@ whose logits give the first token the client sees (as vLLM's decode instance doe
 So TTFT = prefill queue + prefill + transfer + decode queue + one decode-side iteration. The two pools are simulated
 one after the other: the prefill pool does not depend on the decode pool (its replica frees a request's blocks when
 its prefill ends; vLLM keeps them until the decode side has read them, so ferry's prefill pool holds a little less
-KV than a real one; README, semantics).
+KV than a real one). vLLM's decode side allocates the blocks first and pulls the KV into them; here the KV is sent
+first and admitted after, which differs only when the decode pool is short of memory (README, semantics).
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from experiments.cli import main  # noqa: E402
 # were gemm 21%, attention 23%, elementwise 31% and whole iterations 14%: one roofline curve per class follows a CPU's
 # kernels less closely than a GPU's (README: "Calibration and validation"); whole iterations are what the simulator
 # needs.
-# On an Intel Xeon host of the same machine kind, attention_prefill reached 36% once in 5 runs (22% otherwise); on the
-# CI machine gemm reached 38% once (its held-out shapes are few and small, where a CPU GEMM is furthest from a roofline).
+# On an Intel Xeon host of the same machine kind, attention_prefill reached 36% once in 5 runs (22% otherwise); on
+# the CI machine gemm reached 38% once (its held-out shapes are few and small, where a CPU GEMM is furthest from a
+# roofline).
 HELD_OUT_MEDIAN = {
     "gemm": 0.45,
     "attention_prefill": 0.45,

@@ -154,3 +154,10 @@ def test_ferry_run_disaggregated_writes_pools_and_transfers(tmp_path: Path) -> N
 def test_bad_disaggregation_flags_are_refused_clearly(flags: list[str], message: str, capsys, tmp_path: Path) -> None:  # noqa: ANN001
     assert main([*RUN, *flags, "--out", str(tmp_path / "x")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_ferry_plan_refuses_a_bad_ratio(capsys, tmp_path: Path) -> None:  # noqa: ANN001
+    args = ["plan", "--request-rate", "4", "--slo", "ttft_p99_ms=500", "--disagg-ratios", "1:2,2-1", "--out",
+            str(tmp_path / "p")]  # fmt: skip
+    assert main(args) == 2
+    assert "--disagg-ratios '2-1': expected P:D" in capsys.readouterr().err

@@ -110,3 +110,29 @@ def test_slo_names_and_errors() -> None:
     slo = parse_slo(None, 0.9, ["ttft:500"])
     assert slo.check({"request_throughput": 10.0, "request_goodput": 9.5, "failed": 0})[0]
     assert not slo.check({"request_throughput": 10.0, "request_goodput": 8.5, "failed": 0})[0]
+
+
+def test_a_disaggregated_candidate_is_minimal_in_units_and_counts_its_gpus(capsys: pytest.CaptureFixture) -> None:
+    """A P:D candidate counts units of P + D replicas: the plan's count meets the SLO and one unit fewer does not;
+    the table says how many of each and which layout wins."""
+    light = RunConfig.model_validate(
+        {
+            "model": "llama-3-8b",
+            "workload": {"num_prompts": 200, "request_rate": 12, "input_len": 1024, "output_len": 64, "seed": 1},
+        }  # fmt: skip
+    )
+    work = build_workload(light)
+    split = Candidate("h100-sxm", 1, "chunked", pd_ratio=(1, 2))
+    assert split.label() == "h100-sxm tp1 chunked 1P:2D"
+    config = split.config(light, 2, "least_requests", 0)
+    assert config.disaggregation is not None and config.disaggregation.count("decode") == 4
+    result = plan_candidate(split, light, work, SLO, router="least_requests")
+    assert result.replicas is not None and result.gpus == 3 * result.replicas
+    tried = {e.replicas: e for e in result.evaluations if e.rate == pytest.approx(12, rel=0.01)}
+    assert tried[result.replicas].meets
+    assert result.replicas == 1 or not tried[result.replicas - 1].meets
+    from experiments.plan import report
+
+    together = plan_candidate(Candidate("h100-sxm", 1, "chunked"), light, work, SLO, router="least_requests")
+    table = report.table([result, together], {}, SLO)
+    assert f"{result.replicas}P+{2 * result.replicas}D" in table and " wins: best aggregated " in table

@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--policy", default="chunked", help="batching policies (chunked)")
     g.add_argument("--max-num-seqs", default=None, help="values to try (default: vLLM's for each device)")
     g.add_argument("--max-num-batched-tokens", default=None, help="values to try (default: vLLM's)")
+    g.add_argument(
+        "--disagg-ratios",
+        default=None,
+        metavar="P:D,...",
+        help="also disaggregated layouts: P prefill and D decode replicas per unit, e.g. 1:1,1:2,2:1 (continuous, "
+        "chunked)",
+    )
     g = p.add_argument_group("cluster and search")
     g.add_argument("--router", default="round_robin", help="router of every cluster (round_robin)")
     g.add_argument("--router-seed", type=int, default=0)
@@ -98,12 +105,26 @@ def candidates(args: argparse.Namespace) -> list[Any]:
     out = []
     seqs = _list(args.max_num_seqs, int, "--max-num-seqs")
     tokens = _list(args.max_num_batched_tokens, int, "--max-num-batched-tokens")
+    ratios = _ratios(args.disagg_ratios)
     for hw, tp, policy in itertools.product(_list(args.hardware, str, "--hardware"),
                                             _list(args.tensor_parallel_size, int, "--tensor-parallel-size"),
                                             _list(args.policy, str, "--policy")):  # fmt: skip
         limits = list(itertools.product(seqs, tokens)) if policy in ITERATION_LIMITED else [(None, None)]
         out += [Candidate(hw, tp, policy, s, t) for s, t in limits]
+        if policy in ITERATION_LIMITED:
+            out += [Candidate(hw, tp, policy, s, t, pd) for s, t in limits for pd in ratios]
     return list(dict.fromkeys(out))
+
+
+def _ratios(text: str | None) -> list[tuple[int, int]]:
+    """``"1:1,1:2"`` -> ``[(1, 1), (1, 2)]``: prefill and decode replicas per unit of a disaggregated layout."""
+    out = []
+    for item in _list(text, str, "--disagg-ratios") if text else []:
+        p, sep, d = item.partition(":")
+        if not (sep and p.isdigit() and d.isdigit() and int(p) >= 1 and int(d) >= 1):
+            raise ValueError(f"--disagg-ratios {item!r}: expected P:D, two integers >= 1 (e.g. 1:2)")
+        out.append((int(p), int(d)))
+    return out
 
 
 def _plan_one(job: tuple[Any, ...]) -> Any:

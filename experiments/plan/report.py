@@ -71,7 +71,7 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) ->
                 str(r.gpus),
                 c.hardware,
                 str(c.tensor_parallel_size),
-                str(r.replicas),
+                _replicas(r),
                 settings,
                 *slo_cells,
                 _money(money["usd_per_hour"]),
@@ -85,6 +85,7 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) ->
     lines.insert(1, "-" * len(lines[0]))
     if not best:
         lines.append("no candidate meets the SLO")
+    lines += layout_verdict(best, prices)
     dropped = [r for r in results if r.gpus is None]
     if dropped:
         lines.append("")
@@ -100,6 +101,31 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) ->
                 + ", ".join(f"{k} {v:.2f}x its limit" for k, v in e.ratios.items())
             )
     return "\n".join(lines)
+
+
+def layout_verdict(best: list[CandidateResult], prices: dict[str, Price]) -> list[str]:
+    """When both aggregated and disaggregated candidates met the SLO: the best of each and which wins (the ranking's
+    order: cheaper, then fewer GPUs, then more headroom), as a line under the table."""
+    agg = next((r for r in best if r.candidate.pd_ratio is None), None)
+    dis = next((r for r in best if r.candidate.pd_ratio is not None), None)
+    if agg is None or dis is None:
+        return []
+    per_gpu = {id(r): economics(r, prices)["goodput_per_gpu"] or 0.0 for r in (agg, dis)}
+    winner = "disaggregated" if best.index(dis) < best.index(agg) else "aggregated"
+    return [
+        "",
+        f"{winner} wins: best aggregated {agg.candidate.label()} on {agg.gpus} GPUs "
+        f"({per_gpu[id(agg)]:.3g} goodput/GPU), best disaggregated {dis.candidate.label()} on {dis.gpus} GPUs "
+        f"({per_gpu[id(dis)]:.3g} goodput/GPU)",
+    ]
+
+
+def _replicas(r: CandidateResult) -> str:
+    """How many replicas: a count, or a disaggregated layout's prefill and decode replicas (``2P+4D``)."""
+    split = r.candidate.pd_ratio
+    if split is None or r.replicas is None:
+        return str(r.replicas)
+    return f"{r.replicas * split[0]}P+{r.replicas * split[1]}D"
 
 
 def _short(key: str) -> str:

@@ -37,15 +37,23 @@ class Candidate:
     policy: str
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # disaggregated: (P, D) prefill and decode replicas per unit; ``replicas`` then counts units of P + D replicas
+    pd_ratio: tuple[int, int] | None = None
 
     def label(self) -> str:
         limits = [f"seqs={self.max_num_seqs}" if self.max_num_seqs else "",
                   f"tokens={self.max_num_batched_tokens}" if self.max_num_batched_tokens else ""]  # fmt: skip
         extra = ",".join(x for x in limits if x)
-        return f"{self.hardware} tp{self.tensor_parallel_size} {self.policy}" + (f" {extra}" if extra else "")
+        split = f" {self.pd_ratio[0]}P:{self.pd_ratio[1]}D" if self.pd_ratio else ""
+        return f"{self.hardware} tp{self.tensor_parallel_size} {self.policy}{split}" + (f" {extra}" if extra else "")
+
+    def replicas_per_unit(self) -> int:
+        """Replicas of one unit the search counts: one, or P + D when disaggregated."""
+        return sum(self.pd_ratio) if self.pd_ratio else 1
 
     def config(self, base: RunConfig, replicas: int, router: str, router_seed: int) -> RunConfig:
-        """``base`` with this candidate's replica, ``replicas`` of them behind ``router``."""
+        """``base`` with this candidate's replica, ``replicas`` of them behind ``router`` (disaggregated: ``replicas``
+        units of P prefill and D decode replicas, each pool behind its own ``router``)."""
         data = base.model_dump(exclude_unset=True)
         scheduler = dict(data.pop("scheduler", {}))
         scheduler["policy"] = self.policy
@@ -54,7 +62,12 @@ class Candidate:
                 scheduler[name] = getattr(self, name)
         data |= {"hardware": self.hardware, "tensor_parallel_size": self.tensor_parallel_size, "scheduler": scheduler}
         data["replicas"] = replicas
-        if replicas > 1:
+        if self.pd_ratio is not None:
+            p, d = self.pd_ratio
+            data["replicas"] = 1
+            data["disaggregation"] = {"prefill": {"count": p * replicas}, "decode": {"count": d * replicas}}
+            data |= {"router": router, "router_seed": router_seed}
+        elif replicas > 1:
             data |= {"router": router, "router_seed": router_seed}
         else:
             data.pop("router", None)
@@ -176,7 +189,7 @@ def plan_candidate(
             lo = mid
     chosen = tried[hi]
     result.replicas = hi
-    result.gpus = hi * candidate.tensor_parallel_size
+    result.gpus = hi * candidate.replicas_per_unit() * candidate.tensor_parallel_size
     # the load it serves: the target rate, and the output tokens per second that brings (not the measured
     # throughput, which counts the drain after the last arrival and so favours faster GPUs)
     served = chosen.summary.get("request_throughput") or 0.0

@@ -4,6 +4,7 @@ loop that yields as many timeouts as the run had iterations (the event loop's ow
     python -m experiments.studies.bench                       # continuous and chunked at 10k, 100k and 1M requests
     python -m experiments.studies.bench --sizes 10000 --engines compiled reference
     python -m experiments.studies.bench --sizes 20000 --engines reference --prefix-caching   # the feature's cost
+    python -m experiments.studies.bench --sizes 20000 --engines reference --disaggregated    # 1 prefill + 1 decode
 
 Workload: llama-3-8b on h100-sxm, ShareGPT-like lengths (lognormal with the vLLM paper's ShareGPT means: 161 prompt and
 338 output tokens), Poisson arrivals at 20 requests/s, which keeps the replica busy (no idle time) but stable (it
@@ -28,9 +29,13 @@ OUTPUT_LEN = "lognormal:mean=338,sigma=0.8,max=2048"
 
 # ``--prefix-caching``: every request starts with one of 8 system prompts of 400 tokens, and the KV cache reuses them
 PREFIX_CACHING = {"enable_prefix_caching": True, "prefix_len": 400, "num_prefix_groups": 8}
+# ``--disaggregated``: one prefill replica and one decode replica (two GPUs) over NVLink
+DISAGGREGATED = {"disaggregation": {"prefill": {"count": 1}, "decode": {"count": 1}}}
 
 
-def one_case(policy: str, size: int, engine: str, rate: float, seed: int, caching: bool = False) -> dict[str, Any]:
+def one_case(
+    policy: str, size: int, engine: str, rate: float, seed: int, caching: bool = False, disagg: bool = False
+) -> dict[str, Any]:
     """Run one case in this process and measure it."""
     from experiments.config import RunConfig
     from experiments.simulation import build_workload, run_simulation
@@ -39,7 +44,7 @@ def one_case(policy: str, size: int, engine: str, rate: float, seed: int, cachin
         return RunConfig.model_validate(
             {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": policy, "engine": engine,
              "num_prompts": n, "request_rate": rate, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "seed": seed}
-            | (PREFIX_CACHING if caching else {})
+            | (PREFIX_CACHING if caching else {}) | (DISAGGREGATED if disagg else {})
         )  # fmt: skip
 
     t = time.perf_counter()
@@ -55,7 +60,7 @@ def one_case(policy: str, size: int, engine: str, rate: float, seed: int, cachin
     t2 = time.perf_counter()
     s = result.summary
     return {
-        "policy": policy + (" +prefix caching" if caching else ""),
+        "policy": policy + (" +prefix caching" if caching else "") + (" 1P:1D" if disagg else ""),
         "engine": s["engine"],
         "requests": size,
         "iterations": s["num_iterations"],
@@ -96,11 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--prefix-caching", action="store_true", help="with 8 shared 400-token system prompts and prefix caching"
     )
+    p.add_argument("--disaggregated", action="store_true", help="one prefill and one decode replica")
     p.add_argument("--one", nargs=3, metavar=("POLICY", "SIZE", "ENGINE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         policy, size, engine = args.one
-        print(json.dumps(one_case(policy, int(size), engine, args.rate, args.seed, args.prefix_caching)))
+        print(
+            json.dumps(
+                one_case(policy, int(size), engine, args.rate, args.seed, args.prefix_caching, args.disaggregated)
+            )
+        )
         return 0
 
     header = (f"{'policy':<24}{'engine':<10}{'requests':>10}{'iterations':>12}{'wall s':>9}{'total s':>9}"
@@ -113,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, "-m", "experiments.studies.bench", "--one", policy, str(size), engine,
                        "--rate", str(args.rate), "--seed", str(args.seed)]  # fmt: skip
                 cmd += ["--prefix-caching"] if args.prefix_caching else []
+                cmd += ["--disaggregated"] if args.disaggregated else []
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 row = json.loads(out.strip().splitlines()[-1])
                 row["simpy_s"] = bare_simpy(row["iterations"])
