@@ -32,3 +32,18 @@ def test_bench_measures_one_case_and_the_bare_loop() -> None:
     assert row["requests"] == 300 and row["completed"] == 300 and row["iterations"] > 300
     assert row["engine"] == "compiled" and row["wall_s"] > 0 and row["peak_rss_mb"] > 0
     assert bench.bare_simpy(1000) > 0
+
+
+def test_the_disaggregation_study_finds_each_layouts_goodput() -> None:
+    from experiments.studies import disaggregation as study
+
+    layouts = study.layouts(3)
+    assert list(layouts)[-2:] == ["disaggregated 1P:2D", "disaggregated 2P:1D"]
+    assert sum(name.startswith("aggregated") for name in layouts) == 1 + len(study.SMALL_BUDGETS)
+    rate, summary = study.goodput("short", layouts["disaggregated 1P:2D"], seconds=4.0)
+    assert rate > 0 and summary is not None and study.attainment(summary) >= study.ATTAINMENT
+    assert summary["num_gpus"] == 3 and summary["kv_transfer"]["transfers"] == summary["completed"]
+    rows = [{"workload": "short", "layout": "disaggregated 1P:2D", "goodput_per_gpu": rate / 3, "p90_ttft_ms": 30.0,
+             "p90_tpot_ms": 11.0}, {"workload": "short", "layout": "aggregated x3", "goodput_per_gpu": rate / 6,
+             "p90_ttft_ms": None, "p90_tpot_ms": None}]  # fmt: skip
+    assert "2.00x" in study.table(rows)
