@@ -100,6 +100,11 @@ def disagg_summary(config: RunConfig, members: dict[str, Any], d: DisaggRecords,
     summary["overload"] = pools["prefill"]["overload"] or pools["decode"]["overload"]
     summary["pools"] = pools
     summary["kv_transfer"] = transfer_summary(d)
+    # the same as scalars, for tables that keep a summary's scalar keys only (``ferry sweep``'s)
+    for role in ROLES:
+        summary[f"{role}_pool_utilization"] = pools[role]["utilization"]
+    for key in ("mean_transfer_ms", "p99_transfer_ms", "total_bytes"):
+        summary[f"kv_{key}"] = summary["kv_transfer"][key]
     if summary.get("request_goodput") is not None:
         summary["request_goodput_per_gpu"] = float(summary["request_goodput"]) / gpus
     summary["hardware"] = " + ".join(f"{p['hardware']} x{p['replicas']} ({role})" for role, p in pools.items())

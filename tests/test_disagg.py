@@ -131,6 +131,9 @@ def test_ferry_run_disaggregated_writes_pools_and_transfers(tmp_path: Path) -> N
     assert t["link"] == "network" and t["transfers"] == 60 and t["mean_bytes"] == 2048 * 131072
     assert t["p50_wire_ms"] == pytest.approx(20e-3 + 2048 * 131072 / 50e9 * 1e3, rel=1e-9)
     assert s["request_goodput_per_gpu"] == pytest.approx(s["request_goodput"] / 3)
+    assert s["kv_total_bytes"] == t["total_bytes"]
+    assert s["decode_pool_utilization"] == s["pools"]["decode"]["utilization"]
+    assert 0 < s["prefill_pool_utilization"] < 1 and s["kv_mean_transfer_ms"] >= t["p50_wire_ms"] * 0.99
     requests = pd.read_csv(out / "requests.csv")
     assert (requests["ttft_s"] > requests["kv_transfer_end_s"] - requests["arrival_s"]).all()
     assert set(requests["decode_replica"]) <= {1, 2} and set(requests["replica"]) == {0}
