@@ -167,6 +167,7 @@ def run_disaggregated(given: RunConfig, workload: Workload | None, timings: dict
     records = simulate_pools(given, members, workload, engine_for(given), exact)
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
+    records.request_ids = workload.request_id  # requests.csv is written from another merged() view
     result = decode.result(workload, records.merged())
     disagg_summary(given, members, records, result.summary)
     # the decode pool's resolved scheduler, and the pools as given, so that `--config summary.json` reproduces the run

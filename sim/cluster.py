@@ -205,10 +205,7 @@ class ClusterRecords:
     def merged(self) -> RunRecords:
         """The whole cluster as one set of records: every request, every replica's iterations one replica after
         the other, and their token gaps likewise (what request-level metrics are computed from)."""
-        logs = [r.iterations for r in self.replicas]
-        times = np.concatenate([log.times[: log.n] for log in logs])
-        counts = np.concatenate([log.counts[: log.n] for log in logs])
-        iterations = IterationLog.from_arrays(times, counts, len(times))
+        iterations = IterationLog.concat([r.iterations for r in self.replicas])
         return RunRecords(
             requests=self.requests,
             itl=merge_itl([r.itl for r in self.replicas]),

@@ -69,7 +69,6 @@ class DisaggRecords:
     requests: RequestTable
     prefill: ClusterRecords  # over a table in the original order, every request one output token
     decode: ClusterRecords  # over a table in the order the transfers ended
-    decode_rows: IntArray  # the original request of each row of the decode table
     prefill_replica: IntArray  # per request (-1: rejected before routing)
     decode_replica: IntArray  # per request (-1: never reached the decode pool)
     prefill_end: FloatArray  # when its prefill iteration ended (s; NaN if it did not prefill)
@@ -88,13 +87,10 @@ class DisaggRecords:
     def merged(self) -> RunRecords:
         """The whole run as one set of records: every request, the prefill replicas' iterations then the decode
         replicas', the decode replicas' token gaps (what the request-level metrics are computed from)."""
-        logs = [r.iterations for r in self.prefill.replicas + self.decode.replicas]
-        times = np.concatenate([log.times[: log.n] for log in logs])
-        counts = np.concatenate([log.counts[: log.n] for log in logs])
         return RunRecords(
             requests=self.requests,
             itl=merge_itl([r.itl for r in self.decode.replicas]),
-            iterations=IterationLog.from_arrays(times, counts, len(times)),
+            iterations=IterationLog.concat([r.iterations for r in self.prefill.replicas + self.decode.replicas]),
             request_ids=self.request_ids,
             kv_num_blocks=sum(r.kv_num_blocks for r in self.prefill.replicas + self.decode.replicas),
             kv_block_size=self.decode.replicas[0].kv_block_size,
@@ -149,7 +145,6 @@ def simulate_disaggregated(
         requests=merged,
         prefill=pre,
         decode=dec,
-        decode_rows=rows,
         prefill_replica=pre.replica_of,
         decode_replica=decode_replica,
         prefill_end=prefill_end,

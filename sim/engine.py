@@ -19,7 +19,7 @@ import simpy
 
 from costmodel.shape import IterationShape
 from sim.compiled.engine import simulate_compiled
-from sim.kvcache import KVCacheManager
+from sim.kvcache import KVCacheManager, TransferredKV
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
@@ -101,8 +101,10 @@ ENGINES = ("auto", "compiled", "reference")
 
 
 def unsupported_by_compiled(kv: KVCacheManager, requests: RequestTable) -> str:
-    """What of a run only the reference engine models ("" if nothing): prefix caching, multi-turn sessions."""
+    """What of a run only the reference engine models ("" if nothing): prefix caching, KV sent by a prefill replica
+    (disaggregation), multi-turn sessions."""
     parts = ["prefix caching"] if isinstance(kv, PrefixCachingKV) else []
+    parts += ["KV sent by a prefill replica"] if isinstance(kv, TransferredKV) else []
     parts += ["multi-turn sessions"] if requests.after is not None else []
     return " and ".join(parts)
 

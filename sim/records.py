@@ -54,6 +54,13 @@ class IterationLog:
         log.times, log.counts, log.n = times, counts, n
         return log
 
+    @classmethod
+    def concat(cls, logs: list[IterationLog]) -> IterationLog:
+        """The rows of ``logs`` one log after the other (a cluster's replicas)."""
+        times = np.concatenate([log.times[: log.n] for log in logs])
+        counts = np.concatenate([log.counts[: log.n] for log in logs])
+        return cls.from_arrays(times, counts, len(times))
+
     def append(self, start: float, end: float, counts: tuple[int, ...]) -> None:
         if self.n == len(self.times):
             self.grow()

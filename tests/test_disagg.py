@@ -164,3 +164,24 @@ def test_ferry_plan_refuses_a_bad_ratio(capsys, tmp_path: Path) -> None:  # noqa
             str(tmp_path / "p")]  # fmt: skip
     assert main(args) == 2
     assert "--disagg-ratios '2-1': expected P:D" in capsys.readouterr().err
+
+
+def test_a_traces_request_ids_reach_requests_csv(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens,request_id\n0,100,5,a\n0.1,300,3,b\n0.2,50,4,c\n")
+    out = tmp_path / "d"
+    args = ["run", "--trace", str(trace), "--prefill-replicas", "1", "--decode-replicas", "1", "--out", str(out)]
+    assert main(args) == 0
+    requests = pd.read_csv(out / "requests.csv")
+    assert list(requests["request_id"]) == ["a", "b", "c"]
+
+
+def test_the_single_replica_engine_refuses_sent_kv_on_the_compiled_engine() -> None:
+    from sim.engine import simulate
+    from sim.kvcache import TransferredKV
+
+    reqs = make_requests([0.0], [10], [2])
+    policy = policies.get(SchedulerConfig(policy="continuous", max_model_len=64))
+    kv = TransferredKV(10, 16, np.array([9]))
+    with pytest.raises(ValueError, match="KV sent by a prefill replica"):
+        simulate(reqs, policy, LinearTimer(), kv, 64, "compiled")
