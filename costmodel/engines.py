@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from costmodel import strict_yaml
 from costmodel.hardware import MEASURED, PROFILES_DIR, HardwareProfile, Overheads, Quantity
 
 ENGINES_FILE = PROFILES_DIR / "engines.yaml"
@@ -114,7 +115,7 @@ def _builtin() -> EngineBook:
 
 def _read(path: Path) -> EngineBook:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = strict_yaml.load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"engine presets file {path} does not exist") from None
     except yaml.YAMLError as exc:

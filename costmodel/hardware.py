@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import hwprofiles
+from costmodel import strict_yaml
 from costmodel.dtypes import PEAK_KEY
 
 PROFILES_DIR = Path(hwprofiles.__file__).parent
@@ -238,7 +239,7 @@ def _is_profile(path: Path) -> bool:
 def _read(path: Path) -> dict[str, Any]:
     text = path.read_text()
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else strict_yaml.load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):

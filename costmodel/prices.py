@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from costmodel import strict_yaml
+
 PRICES_FILE = "prices.yaml"  # in the ``hwprofiles`` package, beside the profiles
 _MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 _FORMAT = "usd_per_gpu_hour, source, date (YYYY-MM) and optionally note"
@@ -87,7 +89,7 @@ def _parse(path: Path) -> dict[str, Price]:
     except OSError as exc:
         raise ValueError(f"prices file {path} cannot be read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = strict_yaml.load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
     if data is None:  # empty, or only comments: no entries

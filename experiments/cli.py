@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from experiments import interrupts
+from experiments.errors import one_line
 
 # modules that define a subcommand, in the order `ferry --help` lists them
 COMMAND_MODULES = (
@@ -72,23 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, pydantic.ValidationError) as exc:
         if args.debug:
             raise
-        print(f"ferry {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"ferry {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-
-
-def _one_line(exc: BaseException) -> str:
-    import pydantic
-
-    if isinstance(exc, pydantic.ValidationError):
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = err["msg"].removeprefix("Value error, ")
-            given = err.get("input")
-            # a field's own value helps; a whole section (a model validator's input) does not
-            parts.append(f"{loc}: {msg}" if isinstance(given, dict) else f"{loc}: {msg} (got {given!r})")
-        return "; ".join(parts)
-    return str(exc)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from costmodel import strict_yaml
 from experiments.config import RunConfig
+from experiments.errors import one_line
 from policies.config import Number
 from sim.workload import Workload
 
@@ -128,7 +130,7 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file; errors name the file and the field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = strict_yaml.load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
@@ -137,16 +139,6 @@ def load_scenario(path: str | Path) -> Scenario:
         return Scenario.model_validate(data)
     except ValueError as exc:
         raise ValueError(f"{path}: {one_line(exc)}") from None
-
-
-def one_line(exc: ValueError) -> str:
-    """A validation error as one line: each problem as ``field: message``."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'scenario'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-    return str(exc)
 
 
 def builtin_paths() -> list[Path]:

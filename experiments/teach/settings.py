@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from experiments.teach.scenario import one_line
+from costmodel import strict_yaml
+from experiments.errors import one_line
 
 BUILTIN = Path(str(resources.files("experiments.teach") / "figures.yaml"))
 
@@ -73,7 +74,7 @@ def load_settings(
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = strict_yaml.load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
