@@ -8,12 +8,12 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 from importlib import metadata
 from typing import Any
 
+from experiments import workers
 from experiments.sweep.spec import Point, SweepSpec
 
 
@@ -46,7 +46,7 @@ def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
         # a swept value stays as the sweep file gave it (the summary names a model or device its own way)
         row |= {k: v for k, v in metrics.items() if k not in point.params}
     except Exception as exc:  # noqa: BLE001 (a point's failure is recorded, not raised: the sweep goes on)
-        from experiments.teach.scenario import one_line
+        from experiments.errors import one_line
 
         row["status"] = "error"
         row["error"] = (" ".join(one_line(exc).split()) if isinstance(exc, ValueError) else str(exc)) or type(
@@ -93,33 +93,39 @@ def capacity(point: Point, spec: SweepSpec) -> dict[str, Any]:
 
 def execute(points: list[Point], spec: SweepSpec, jobs: int, dask: str | None,
             on_done: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
-    """Run ``points``, calling ``on_done(row)`` as each finishes (in the calling process)."""
-    for row in _results(points, spec, jobs, dask):
-        on_done(row)
-
-
-def _results(points: list[Point], spec: SweepSpec, jobs: int, dask: str | None) -> Iterator[dict[str, Any]]:
+    """Run ``points``, calling ``on_done(row)`` in this process as each finishes. On Ctrl-C the queued points are
+    cancelled and the running ones abandoned at once, and every point that had finished is handed to ``on_done``
+    before the ``KeyboardInterrupt`` propagates (``experiments.workers``)."""
     if not points:
         return
     if dask:
-        try:
-            from distributed import Client
-            from distributed import as_completed as dask_completed
-        except ImportError:
-            raise ValueError("--dask needs Dask's distributed scheduler: pip install 'ferry[dask]'") from None
-        with Client(dask) as client:
-            futures = client.map(run_point, points, spec=spec, pure=False)
-            for future in dask_completed(futures):
-                yield future.result()
-        return
-    if jobs <= 1:
+        _on_dask(points, spec, dask, on_done)
+    elif jobs <= 1:
         for point in points:
-            yield run_point(point, spec)
-        return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_point, p, spec) for p in points]
-        for future in as_completed(futures):
-            yield future.result()
+            on_done(run_point(point, spec))
+    else:
+        workers.for_each(partial(run_point, spec=spec), points, jobs, lambda _k, row: on_done(row))
+
+
+def _on_dask(points: list[Point], spec: SweepSpec, address: str, on_done: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        from distributed import Client
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise ValueError("--dask needs Dask's distributed scheduler: pip install 'ferry[dask]'") from None
+    with Client(address) as client:
+        futures = client.map(run_point, points, spec=spec, pure=False)
+        handed: set[str] = set()
+        try:
+            for future in dask_completed(futures):
+                on_done(future.result())
+                handed.add(future.key)
+        except BaseException:
+            client.cancel([f for f in futures if f.status != "finished"])
+            for future in futures:
+                if future.key not in handed and future.status == "finished":
+                    on_done(future.result())
+            raise
 
 
 class Bar:
