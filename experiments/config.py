@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -112,6 +112,16 @@ class WorkloadConfig(BaseModel):
             ignored = sorted(k for k in changed if k in TRACE_ONLY)
             if ignored:
                 raise ValueError(f"{', '.join(ignored)}: setting(s) of a trace replay, given without --trace")
+            if "think_time_s" in changed and self.turns == 1:
+                raise ValueError(
+                    f"think_time_s={show(self.think_time_s)} is the pause between the turns of a conversation; give "
+                    "--turns 2 or more (each request is one turn without it)"
+                )
+            if "num_prefix_groups" in changed and self.prefix_len == 0:
+                raise ValueError(
+                    f"num_prefix_groups={self.num_prefix_groups} counts shared prompts of --prefix-len tokens; give "
+                    "--prefix-len (no request shares a prefix without it)"
+                )
             if self.lengths_max_total is not None and self.lengths_from is None:
                 raise ValueError(
                     f"lengths_max_total={self.lengths_max_total} filters the rows of --lengths-from, which is not given"
@@ -124,6 +134,21 @@ class WorkloadConfig(BaseModel):
                         f"s, past what ferry simulates ({MAX_HORIZON_S:.0e} s, about 32 years); raise --request-rate"
                     )
         return self
+
+
+def check_field(name: str, value: Any, flag: str | None = None) -> Any:
+    """``value`` checked as the run config's field ``name`` alone (its type and range, as ``RunConfig`` checks it),
+    for a command that takes a list of values (``ferry plan --tensor-parallel-size 1,2``); ValueError naming the flag
+    (or field) and the value."""
+    from pydantic import TypeAdapter, ValidationError
+
+    model = next(m for m in (RunConfig, SchedulerConfig, WorkloadConfig) if name in m.model_fields)
+    info = model.model_fields[name]
+    try:
+        return TypeAdapter(Annotated[(info.annotation, *info.metadata)]).validate_python(value)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{flag or name} {show(value)}: {problem}") from None
 
 
 def show(value: Any) -> str:
@@ -277,6 +302,11 @@ class RunConfig(BaseModel):
                     self.group_config(k)
                 except ValueError as exc:
                     raise ValueError(f"replica_groups[{k}] ({group}): {exc}") from None
+        if self.router == "prefix_affinity" and not self.enable_prefix_caching and self.num_replicas > 1:
+            raise ValueError(
+                "router='prefix_affinity' routes by what each replica's prefix cache holds; give "
+                "--enable-prefix-caching (without it every replica's cache is empty and it is least_requests)"
+            )
         if self.disaggregation is not None:
             check_disaggregation(self)
         elif self.num_replicas == 1:

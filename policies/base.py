@@ -73,7 +73,12 @@ def get(config: SchedulerConfig) -> Policy:
     policy (a class with ``from_config(SchedulerConfig)`` and ``schedule(state)``)."""
     name = config.policy
     cls = get_class(name)
-    policy = cls.from_config(config)
+    try:
+        policy = cls.from_config(config)
+    except TypeError as exc:  # a user's class whose from_config takes something else
+        raise ValueError(
+            f"policy {name!r}: {name.rpartition(':')[2]}.from_config(SchedulerConfig) failed: {exc}"
+        ) from None
     if not isinstance(policy, Policy):
         raise ValueError(f"policy {name!r} has no schedule(state) method")
     return policy

@@ -45,19 +45,36 @@ def router_names() -> list[str]:
     return sorted(_ROUTERS)
 
 
+def router_class(name: str) -> Any:
+    """The router class ``name`` names: a registered name, or ``package.module:Class`` (imported: its module's
+    top-level code runs). ValueError naming it when it cannot be loaded or has no ``route``."""
+    if name in _ROUTERS:
+        return _ROUTERS[name]
+    if ":" not in name:
+        raise ValueError(f"unknown router {name!r}; choose one of {', '.join(router_names())} or give module:Class")
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"router {name!r}: expected package.module:Class")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"router {name!r} could not be loaded: {exc}") from None
+    if not isinstance(cls, type) or not callable(getattr(cls, "route", None)):
+        what = type(cls).__name__ if not isinstance(cls, type) else "class without route"
+        raise ValueError(f"router {name!r} is a {what}, not a router: give a class with __init__(num_replicas, rng) "
+                         "and route(load, prompt, output)")  # fmt: skip
+    return cls
+
+
 def get_router(name: str, num_replicas: int, rng: np.random.Generator) -> Router:
     """The router ``name`` names (registered, or ``package.module:Class``) for ``num_replicas`` replicas."""
-    if name in _ROUTERS:
-        cls: Any = _ROUTERS[name]
-    elif ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ValueError(f"router {name!r} could not be loaded: {exc}") from None
-    else:
-        raise ValueError(f"unknown router {name!r}; choose one of {', '.join(router_names())} or give module:Class")
-    router = cls(num_replicas, rng)
+    cls = router_class(name)
+    try:
+        router = cls(num_replicas, rng)
+    except TypeError as exc:  # a user's class whose constructor takes something else
+        raise ValueError(
+            f"router {name!r} cannot be built as {name.rpartition(':')[2]}(num_replicas, rng): {exc}"
+        ) from None
     if not callable(getattr(router, "route", None)):
         raise ValueError(f"router {name!r} has no route(load, prompt, output) method")
     reads = getattr(router, "reads", LOADS)

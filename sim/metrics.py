@@ -148,6 +148,8 @@ def parse_goodput(specs: list[str] | None) -> dict[str, float]:
             raise ValueError(f"--goodput {spec!r}: {value!r} is not a number of milliseconds") from None
         if not ms > 0 or math.isinf(ms):
             raise ValueError(f"--goodput {spec!r}: the SLO must be a positive number of milliseconds")
+        if name in slos:
+            raise ValueError(f"--goodput {spec!r}: {name} is given twice; give it once")
         slos[name] = ms
     return slos
 

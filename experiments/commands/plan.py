@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from experiments import outputs
+from experiments import outputs, user_code, workers
 
 PLAN_OUTPUTS = ("plan.json", "plan.png")
 CURVE_FACTORS = (0.25, 0.5, 2.0)  # rates (times the target) at which the best candidates are also planned
@@ -69,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png (plan/)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds another command's outputs")
+    user_code.add_flag(p)
     p.set_defaults(func=main)
 
 
@@ -106,9 +107,15 @@ def candidates(args: argparse.Namespace) -> list[Any]:
     seqs = _list(args.max_num_seqs, int, "--max-num-seqs")
     tokens = _list(args.max_num_batched_tokens, int, "--max-num-batched-tokens")
     ratios = _ratios(args.disagg_ratios)
+    policy_names = _list(args.policy, str, "--policy")
+    if ratios and not any(p in ITERATION_LIMITED for p in policy_names):
+        raise ValueError(
+            f"--disagg-ratios {args.disagg_ratios}: disaggregated pools run {' or '.join(ITERATION_LIMITED)} "
+            f"batching; --policy {args.policy} has none of them"
+        )
     for hw, tp, policy in itertools.product(_list(args.hardware, str, "--hardware"),
                                             _list(args.tensor_parallel_size, int, "--tensor-parallel-size"),
-                                            _list(args.policy, str, "--policy")):  # fmt: skip
+                                            policy_names):  # fmt: skip
         limits = list(itertools.product(seqs, tokens)) if policy in ITERATION_LIMITED else [(None, None)]
         out += [Candidate(hw, tp, policy, s, t) for s, t in limits]
         if policy in ITERATION_LIMITED:
@@ -116,10 +123,52 @@ def candidates(args: argparse.Namespace) -> list[Any]:
     return list(dict.fromkeys(out))
 
 
+def check_candidates(todo: list[Any], base: Any, args: argparse.Namespace) -> None:
+    """Refuse, before any simulation, what no candidate could run with: a list value that is not valid on its own
+    (``--tensor-parallel-size 0``, ``--max-num-seqs -4``: as ``ferry run`` refuses it), an unknown GPU, policy or
+    router (the router is checked even when one replica would do). A candidate that is valid but cannot run (the
+    model does not fit at that TP, a budget below its seats) is dropped later, with its reason."""
+    from costmodel.hardware import load_hardware
+    from experiments.config import RunConfig, check_field
+    from experiments.errors import one_line
+    from policies.config import BUILTIN_POLICIES
+    from policies.routing import router_names
+
+    for flag, name, kind in (("--tensor-parallel-size", "tensor_parallel_size", int),
+                             ("--max-num-seqs", "max_num_seqs", int),
+                             ("--max-num-batched-tokens", "max_num_batched_tokens", int)):  # fmt: skip
+        for value in _list(getattr(args, name), kind, flag):
+            if value is not None:
+                check_field(name, value, flag)
+    for hardware in dict.fromkeys(c.hardware for c in todo):
+        load_hardware(hardware)  # an unknown profile is a typo to fix, not a candidate to drop
+    for name in dict.fromkeys(c.policy for c in todo):
+        if name not in BUILTIN_POLICIES and not user_code.is_user_code(name):
+            raise ValueError(f"--policy {name!r}: unknown policy; choose from {', '.join(BUILTIN_POLICIES)} or give "
+                             "module:Class")  # fmt: skip
+    if args.router not in router_names() and not user_code.is_user_code(args.router):
+        raise ValueError(f"--router {args.router!r}: unknown router; choose one of {', '.join(router_names())} or "
+                         "give module:Class")  # fmt: skip
+    try:  # what holds for every cluster the search builds (a router that needs prefix caching, ...)
+        RunConfig.model_validate(base.model_dump(exclude_unset=True) | {"replicas": 2, "router": args.router,
+                                                                        "router_seed": args.router_seed})  # fmt: skip
+    except ValueError as exc:
+        raise ValueError(one_line(exc)) from None
+    named: list[Any] = []
+    for candidate in todo:
+        try:
+            named += user_code.named_in(candidate.config(base, 2, args.router, args.router_seed))
+        except ValueError:
+            pass  # a combination the candidate refuses: dropped with its reason when planned
+    flags = [args.router, *(c.policy for c in todo)]
+    source = str(args.config) if args.config is not None else None
+    user_code.admit(named, "plan", source, args.allow_import, [f for f in flags if user_code.is_user_code(f)])
+
+
 def _ratios(text: str | None) -> list[tuple[int, int]]:
     """``"1:1,1:2"`` -> ``[(1, 1), (1, 2)]``: prefill and decode replicas per unit of a disaggregated layout."""
     out = []
-    for item in _list(text, str, "--disagg-ratios") if text else []:
+    for item in _list(text, str, "--disagg-ratios") if text is not None else []:
         p, sep, d = item.partition(":")
         if not (sep and p.isdigit() and d.isdigit() and int(p) >= 1 and int(d) >= 1):
             raise ValueError(f"--disagg-ratios {item!r}: expected P:D, two integers >= 1 (e.g. 1:2)")
@@ -128,6 +177,7 @@ def _ratios(text: str | None) -> list[tuple[int, int]]:
 
 
 def _plan_one(job: tuple[Any, ...]) -> Any:
+    from experiments.errors import one_line
     from experiments.plan.search import plan_candidate
 
     candidate, base, workload, slo, router, seed, max_replicas, single_rate = job
@@ -136,7 +186,7 @@ def _plan_one(job: tuple[Any, ...]) -> Any:
     except ValueError as exc:  # a setting the candidate refuses (e.g. max_num_batched_tokens < max_num_seqs)
         from experiments.plan.search import CandidateResult
 
-        return CandidateResult(candidate, reason=f"does not run: {exc}")
+        return CandidateResult(candidate, reason=f"does not run: {one_line(exc)}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,18 +206,24 @@ def main(args: argparse.Namespace) -> int:
     outputs.check(args.out, PLAN_OUTPUTS, "plan", args.force)
     workload = build_workload(base)
     target = workload_rate(workload)
+    if not math.isfinite(target):
+        raise ValueError(
+            "the workload's arrivals all fall at one instant (--request-rate inf, or a trace whose requests all "
+            "arrive together): ferry plan sizes a cluster for a rate; give a finite --request-rate"
+        )
     todo = candidates(args)
+    check_candidates(todo, base, args)
     jobs = args.jobs or os.cpu_count() or 1
     started = time.perf_counter()
     print(f"ferry plan: {len(todo)} candidates, {len(workload.arrival_s):,} requests at {target:.3g} req/s, "
           f"SLO {slo.describe()}, {jobs} processes", file=sys.stderr)  # fmt: skip
     common = (slo, args.router, args.router_seed, args.max_replicas)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(_plan_one, [(c, base, workload, *common, None) for c in todo]))
-        best = report.best_per_kind(report.ranked(results, prices))[:3]
-        curve_jobs = [(r, f) for r in best for f in CURVE_FACTORS]
-        points = list(pool.map(_plan_one, [(r.candidate, base, scaled(workload, f), *common, r.single_replica_rate)
-                                           for r, f in curve_jobs]))  # fmt: skip
+    # Ctrl-C stops the pool at once (experiments.workers): a plan is whole or not written
+    results = workers.ordered(_plan_one, [(c, base, workload, *common, None) for c in todo], jobs)
+    best = report.best_per_kind(report.ranked(results, prices))[:3]
+    curve_jobs = [(r, f) for r in best for f in CURVE_FACTORS]
+    points = workers.ordered(_plan_one, [(r.candidate, base, scaled(workload, f), *common, r.single_replica_rate)
+                                         for r, f in curve_jobs], jobs)  # fmt: skip
     curves: dict[str, list[tuple[float, int | None]]] = {r.candidate.label(): [(target, r.gpus)] for r in best}
     for (r, f), point in zip(curve_jobs, points, strict=True):
         curves[r.candidate.label()].append((target * f, point.gpus))

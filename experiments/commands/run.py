@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import policies
-from experiments import outputs
+from experiments import outputs, user_code
 from experiments.commands.disagg_cli import add_disagg_flags, disagg_overrides, disagg_rows
 from experiments.config import RunConfig
 from experiments.progress import Progress
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds files that are not a run's")
+    user_code.add_flag(p)
 
     add_run_arguments(p)
     p.set_defaults(func=main)
@@ -208,7 +209,7 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
 
 
-_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force"}
+_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force", "allow_import"}
 
 
 def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = frozenset()) -> RunConfig:
@@ -216,10 +217,15 @@ def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = froz
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_FIELDS | not_fields}
     if "goodput" in overrides:
         overrides["goodput"] = parse_goodput(overrides["goodput"])
+    from_flags = [v for v in overrides.values() if user_code.is_user_code(v)]
     overrides = disagg_overrides(overrides)
     if args.config is not None:
-        return RunConfig.load(args.config, overrides)
-    return RunConfig.model_validate(overrides)
+        config = RunConfig.load(args.config, overrides)
+    else:
+        config = RunConfig.model_validate(overrides)
+    source = str(args.config) if args.config is not None else None
+    user_code.admit(user_code.named_in(config), args.command, source, getattr(args, "allow_import", False), from_flags)
+    return config
 
 
 def main(args: argparse.Namespace) -> int:

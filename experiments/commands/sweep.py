@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments import outputs
+from experiments import outputs, user_code
 
 SWEEP_OUTPUTS = ("points", "results.parquet", "results.csv", "sweep.json")
 
@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--csv", action="store_true", help="also write results.csv")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds another command's outputs")
+    user_code.add_flag(p)
     p.set_defaults(func=main)
 
 
@@ -47,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     points = expand(spec)
     swept = spec.swept()
+    named = [n for p in points if p.config is not None for n in user_code.named_in(p.config)]
+    user_code.admit(named, "sweep", str(args.spec), args.allow_import)
     if args.dry_run:
         for p in points:
             status = f"  invalid: {p.error}" if p.error else ""

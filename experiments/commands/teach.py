@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from experiments import user_code
 from experiments.teach.labels import LANGS
 
 
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--list", action="store_true", help="list the built-in scenarios and their files, then stop")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds another command's outputs")
+    user_code.add_flag(p)
     p.set_defaults(func=main)
 
 
@@ -52,6 +54,9 @@ def main(args: argparse.Namespace) -> int:
             print(path)
         return 0
     scenarios = pick_scenarios(args.scenario, args.model, args.hardware)
+    for scenario in scenarios:  # a scenario file's policy written module:Class is imported only when allowed
+        named = [n for label in scenario.labels() for n in user_code.named_in(scenario.run_config(label))]
+        user_code.admit(named, "teach", f"scenario {scenario.name}", args.allow_import)
     settings = load_settings(args.figures, args.model, args.hardware)
     index = make_book(
         scenarios,

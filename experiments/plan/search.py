@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from experiments.config import RunConfig
+from experiments.errors import one_line
 from experiments.plan.slo import SLO
 from experiments.simulation import build_replica, run_simulation
 from experiments.studies.ratesearch import max_rate
@@ -134,7 +135,7 @@ def plan_candidate(
     try:
         build_replica(candidate.config(base, 1, router, router_seed))
     except ValueError as exc:
-        result.reason = f"does not run: {exc}"
+        result.reason = f"does not run: {one_line(exc)}"
         return result
     thresholds = slo.thresholds()
 

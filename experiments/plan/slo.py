@@ -58,16 +58,23 @@ class SLO:
 def parse_slo(items: list[str] | None, min_goodput: float | None = None, goodput: list[str] | None = None) -> SLO:
     """``["ttft_p99_ms=2000", ...]`` (or ``p99_ttft_ms=2000``), ``min_goodput`` and ``["ttft:2000", ...]``."""
     limits: dict[str, float] = {}
+    given: dict[str, str] = {}  # each summary key's --slo item, to name both when one is given twice
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--slo {item!r}: expected NAME=MS, e.g. ttft_p99_ms=2000")
-        limits[summary_key(name)] = _positive(value, f"--slo {item!r}")
+        key = summary_key(name)
+        if key in limits:
+            raise ValueError(f"--slo {item!r}: {key} is limited twice ({given[key]!r} and {item!r}); give it once")
+        given[key] = item
+        limits[key] = _positive(value, f"--slo {item!r}")
     thresholds: dict[str, float] = {}
     for item in goodput or []:
         name, sep, value = item.partition(":")
         if not sep or name not in GOODPUT_METRICS:
             raise ValueError(f"--goodput {item!r}: expected ttft:MS, tpot:MS or e2el:MS")
+        if name in thresholds:
+            raise ValueError(f"--goodput {item!r}: {name} is given twice; give it once")
         thresholds[name] = _positive(value, f"--goodput {item!r}")
     if min_goodput is not None:
         if not 0 < min_goodput <= 1:

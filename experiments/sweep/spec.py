@@ -23,17 +23,19 @@ import ast
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from experiments.config import RunConfig
+from experiments.config_file import read_mapping
 from experiments.plan.slo import SLO, parse_slo
 
 MAX_POINTS = 1_000_000
+MAX_WHERE_CHARS = 10_000  # a where expression longer than this is a mistake (and slow to parse)
 
 
 class SweepSpec(BaseModel):
@@ -60,7 +62,34 @@ class SweepSpec(BaseModel):
         for name, values in axes.items():
             if not values:
                 raise ValueError(f"axis {name!r} has no values")
+            twice = _repeated(values)
+            if twice is not None:
+                raise ValueError(f"axis {name!r} lists {twice!r} twice: each value is one point, give it once")
         return axes
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: int | list[int] | None) -> int | list[int] | None:
+        if isinstance(seeds, int) and seeds < 1:
+            raise ValueError(f"{seeds} replicas of each point; give a count >= 1 (or a list of seeds)")
+        if isinstance(seeds, list):
+            if not seeds:
+                raise ValueError("an empty list; give a count >= 1 or the seeds")
+            bad = next((x for x in seeds if x < 0), None)
+            if bad is not None:
+                raise ValueError(f"{bad} is not a workload seed (seeds are >= 0)")
+            twice = _repeated(seeds)
+            if twice is not None:
+                raise ValueError(f"{twice} is listed twice; each seed is one point, give it once")
+        return seeds
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, where: str | list[str] | None) -> str | list[str] | None:
+        for condition in [where] if isinstance(where, str) else (where or []):
+            if len(condition) > MAX_WHERE_CHARS:
+                raise ValueError(f"an expression of {len(condition):,} characters; at most {MAX_WHERE_CHARS:,}")
+        return where
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
@@ -72,6 +101,15 @@ class SweepSpec(BaseModel):
             raise ValueError(f"{', '.join(sorted(both))}: in both grid and zip")
         if "seed" in (set(self.grid) | set(self.zip)) and self.seeds is not None:
             raise ValueError("seed is swept as an axis and by seeds: give one")
+        n = self.count()
+        if n > MAX_POINTS:
+            raise ValueError(f"{n:,} points before the where filter, more than {MAX_POINTS:,}: split the sweep")
+        names = set(self.swept())
+        for condition in [self.where] if isinstance(self.where, str) else (self.where or []):
+            unknown = sorted(_names(condition) - names)
+            if unknown:
+                raise ValueError(f"where {condition!r}: {', '.join(unknown)} is not a swept parameter (the names are "
+                                 f"{', '.join(sorted(names)) or 'none: nothing is swept'})")  # fmt: skip
         if self.mode == "max_rate":
             self.slo_object()
             if "request_rate" in (set(self.grid) | set(self.zip)):
@@ -79,6 +117,13 @@ class SweepSpec(BaseModel):
         elif self.slo or self.min_goodput is not None or self.goodput:
             raise ValueError("slo, min_goodput and goodput apply to mode: max_rate")
         return self
+
+    def count(self) -> int:
+        """Points before the ``where`` filter: grid combinations x zip rows x seeds (computed, not built)."""
+        n = math.prod(len(v) for v in self.grid.values())
+        n *= len(next(iter(self.zip.values()))) if self.zip else 1
+        n *= self.seeds if isinstance(self.seeds, int) else len(self.seeds) if self.seeds is not None else 1
+        return n
 
     def slo_object(self) -> SLO:
         return parse_slo([f"{k}={v}" for k, v in self.slo.items()] or None, self.min_goodput,
@@ -104,20 +149,17 @@ class Point:
 
 def load_spec(path: str | Path) -> SweepSpec:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping (base, grid, zip, seeds, where, mode ...)")
+    data = read_mapping(path)  # YAML whose keys appear once each
+    if not data:
+        raise ValueError(f"{path}: the sweep file is empty; give at least a base, and grid or zip axes or seeds")
     if isinstance(data.get("config"), str):
         data["config"] = str((path.parent / data["config"]).resolve())
     try:
         return SweepSpec.model_validate(data)
     except ValueError as exc:
-        from experiments.teach.scenario import one_line
+        from experiments.errors import one_line
 
-        raise ValueError(f"{path}: {one_line(exc)}") from None
+        raise ValueError(f"{path}: {one_line(exc, where='')}") from None
 
 
 def combinations(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -130,8 +172,6 @@ def combinations(spec: SweepSpec) -> list[dict[str, Any]]:
     for g, z in itertools.product(grid, zipped):
         for seed in seeds if seeds is not None else [None]:
             params = g | z | ({"seed": seed} if seed is not None else {})
-            if len(points) > MAX_POINTS:
-                raise ValueError(f"more than {MAX_POINTS:,} points: split the sweep")
             points.append(params)
     conditions = [spec.where] if isinstance(spec.where, str) else (spec.where or [])
     checks = [_compile(c) for c in conditions]
@@ -143,24 +183,56 @@ _ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, a
             ast.Div, ast.FloorDiv, ast.Mod, ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple)  # fmt: skip
 
 
-def _compile(condition: str) -> Any:
-    """A ``where`` expression, allowed only comparisons, arithmetic, and/or/not, names and constants."""
+def _repeated(values: list[Any]) -> Any:
+    """The first value that appears twice in ``values`` (compared as their JSON), or None."""
+    seen: set[str] = set()
+    for value in values:
+        key = json.dumps(value, sort_keys=True, default=str)
+        if key in seen:
+            return value
+        seen.add(key)
+    return None
+
+
+def _parse(condition: str) -> ast.Expression:
+    """A ``where`` expression's tree, allowed only comparisons, arithmetic, and/or/not, names and constants."""
     try:
         tree = ast.parse(condition, mode="eval")
     except SyntaxError:
         raise ValueError(f"where {condition!r}: not an expression") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"where {_short(condition)}: nested too deeply to read") from None
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
-            raise ValueError(f"where {condition!r}: {type(node).__name__} is not allowed (only comparisons, "
+            raise ValueError(f"where {_short(condition)}: {type(node).__name__} is not allowed (only comparisons, "
                              "arithmetic, and/or/not, swept names and constants)")  # fmt: skip
-    return compile(tree, "<where>", "eval")
+    return tree
+
+
+def _names(condition: str) -> set[str]:
+    """The names a ``where`` expression reads."""
+    return {node.id for node in ast.walk(_parse(condition)) if isinstance(node, ast.Name)}
+
+
+def _compile(condition: str) -> Any:
+    try:
+        return compile(_parse(condition), "<where>", "eval")
+    except (RecursionError, MemoryError):
+        raise ValueError(f"where {_short(condition)}: nested too deeply to evaluate") from None
 
 
 def _holds(condition: str, code: Any, params: dict[str, Any]) -> bool:
     try:
         return bool(eval(code, {"__builtins__": {}}, dict(params)))  # noqa: S307 (checked: no calls, no attributes)
-    except NameError as exc:
-        raise ValueError(f"where {condition!r}: {exc} (names are the swept parameters)") from None
+    except Exception as exc:  # noqa: BLE001 (a comparison of a string with a number, a division by zero, ...)
+        at = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        message = " ".join(str(exc).split())
+        raise ValueError(f"where {_short(condition)}: {type(exc).__name__}: {message} (at {at})") from None
+
+
+def _short(condition: str) -> str:
+    """A ``where`` expression for a message: whole, or its start when long."""
+    return repr(condition) if len(condition) <= 80 else repr(condition[:77] + "...")
 
 
 def expand(spec: SweepSpec) -> list[Point]:
@@ -168,14 +240,15 @@ def expand(spec: SweepSpec) -> list[Point]:
     base: dict[str, Any] = {}
     if spec.config is not None:
         base = RunConfig.load(spec.config).model_dump(mode="json", exclude_unset=True)
-    out = []
+    out: list[Point] = []
+    seen: dict[str, int] = {}  # hash -> the first point with it
     for index, params in enumerate(combinations(spec)):
         fields = dict(spec.base) | params
         try:
             config: RunConfig | None = RunConfig.load_dict(base, fields)
             error = ""
         except ValueError as exc:
-            from experiments.teach.scenario import one_line
+            from experiments.errors import one_line
 
             config, error = None, one_line(exc)
         what = config.to_jsonable() if config is not None else {"invalid": fields}
@@ -184,5 +257,12 @@ def expand(spec: SweepSpec) -> list[Point]:
                            "goodput": spec.goodput, "rate_start": spec.rate_start,
                            "rate_tolerance": spec.rate_tolerance}  # fmt: skip
         digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        twin = seen.get(digest)
+        if twin is not None:
+            same = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            first = ", ".join(f"{k}={v!r}" for k, v in out[twin].params.items())
+            raise ValueError(f"points {twin} ({first}) and {index} ({same}) are the same run: a sweep runs and stores "
+                             "each configuration once; drop one")  # fmt: skip
+        seen[digest] = index
         out.append(Point(index, params, config, digest, error))
     return out
