@@ -108,3 +108,22 @@ def test_prompts_are_unique_and_exact() -> None:
     assert all(100 <= x < 8000 for x in a)
     words = Prompts(np.random.default_rng(0), text=True).make(50)
     assert isinstance(words, str) and len(words.split()) == 50
+
+
+def test_prompts_timed_as_one_iteration_fit_the_servers_token_budget() -> None:
+    """With a 512-token budget, a TTFT prompt of 1,919 tokens would be chunked into four iterations and timed as one:
+    the TTFT prompts, and a mixed experiment's prompt with one token of each running decode, fit the budget; decode
+    and batch contexts are prefilled before they are timed, so they keep their sizes."""
+    plan = ProbePlan(max_prompt=2048, max_concurrency=64)
+    free = design(plan, max_model_len=2048)
+    assert max(e.prompt for e in free if e.kind == "ttft") == 2048 - plan.decode_tokens - 1
+    capped = design(plan, max_model_len=2048, max_num_batched_tokens=512)
+    assert max(e.prompt for e in capped if e.kind == "ttft") == 512
+    assert max(e.inject + e.requests for e in capped if e.kind == "mixed") <= 512
+    assert [e.prompt for e in capped if e.kind == "decode"] == [e.prompt for e in free if e.kind == "decode"]
+    own = design(ProbePlan(max_prompt=2048, max_num_batched_tokens=256), 2048, max_num_batched_tokens=512)
+    assert max(e.prompt for e in own if e.kind == "ttft") == 256  # the flag's budget over the server's
+    with pytest.raises(ValueError, match="--max-num-batched-tokens must be >= 16"):
+        design(ProbePlan(max_num_batched_tokens=8), None)
+    with pytest.raises(ValueError, match="--timeout must be a number of seconds > 0, got nan"):
+        design(ProbePlan(timeout_s=float("nan")), None)

@@ -1,7 +1,8 @@
 """`ferry probe`: calibrate a profile against a live OpenAI-compatible server, from the client's side.
 
     ferry probe --url http://HOST:PORT/v1 --model NAME --out PROFILE.yaml [--base h100-sxm] [--model-config CONFIG]
-                [--budget-s 600] [--max-concurrency 64] [--max-requests 1000] [--max-prompt 2048]
+                [--budget-s 600] [--timeout 60] [--max-concurrency 64] [--max-requests 1000] [--max-prompt 2048]
+                [--max-num-batched-tokens N]
 
 Sends designed streamed completions (``experiments.real.probe_design``: single prompts of many lengths, long single
 generations, groups decoding together at several batch sizes, prompts arriving into running decodes), infers each
@@ -10,8 +11,14 @@ fits the ``--base`` profile's efficiencies and host overheads to them, and print
 held out. Writes ``PROFILE.yaml`` (for ``--hardware``), ``PROFILE.probe.csv`` (every inferred iteration: kind,
 experiment, held out, shape, measured and predicted seconds) and ``PROFILE.probe.json`` (the report).
 
-The server must take ``ignore_eos`` (vLLM, SGLang and ``ferry serve`` do) and stream one token per chunk; prompts up to
-``--max-prompt`` must fit in one of its iterations (its max_num_batched_tokens), and nothing else should load it.
+The server must take ``ignore_eos`` (vLLM, SGLang and ``ferry serve`` do) and stream one token per chunk; the prompts
+timed as one iteration must fit in one (its max_num_batched_tokens: give ``--max-num-batched-tokens``, or the server's
+``/models`` card states it, and they are capped to it; else a warning), and nothing else should load it.
+
+It first checks the server: ``/models`` must list ``--model``, and one streamed request must answer as an SSE stream
+of completion chunks; otherwise it stops with one line naming what the server answered (exit 2), before any
+experiment. ``--budget-s`` is a wall-clock deadline for all of it; ``--timeout`` bounds each wait for a response or
+a next token (keep-alive comments without a token do not count as an answer).
 """
 
 from __future__ import annotations
@@ -49,6 +56,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dtype", default=None, help="the served weights' dtype (default: the config's torch_dtype)")
     p.add_argument("--name", default=None, help="the profile's name (default: the --out file's stem)")
     p.add_argument("--budget-s", type=float, default=DEFAULT.budget_s, help="stop after this many seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT.timeout_s,
+        help="seconds a request waits for its response, then for each next token, before it fails "
+        f"(default {DEFAULT.timeout_s:g})",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the server's per-iteration token budget: caps the prompts timed as one iteration (default: what the "
+        "server's /models states, else a warning)",
+    )
     p.add_argument("--max-concurrency", type=int, default=DEFAULT.max_concurrency, help="streams open at once")
     p.add_argument("--max-requests", type=int, default=DEFAULT.max_requests, help="requests sent in all")
     p.add_argument("--max-prompt", type=int, default=DEFAULT.max_prompt, help="longest prompt (tokens)")
@@ -79,6 +100,8 @@ def handle(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         max_requests=args.max_requests,
         budget_s=args.budget_s,
+        timeout_s=args.timeout,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     plan.check()
     config = args.model_config or args.model
@@ -112,6 +135,8 @@ def handle(args: argparse.Namespace) -> int:
         "seconds": run.seconds,
         "requests": len(run.streams()),
         "stopped": run.stopped or None,
+        "max_num_batched_tokens": run.max_num_batched_tokens,
+        "notes": run.notes,
         "client_s": fitted.fit.client_s,
         "held_out_error": fitted.errors.to_dict(orient="records"),
     }

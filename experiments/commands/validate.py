@@ -33,9 +33,10 @@ import policies
 from costmodel import load_hardware
 from costmodel.calibration import kernels as K
 from costmodel.hardware import HardwareProfile
-from experiments import outputs
+from experiments import outputs, user_code
 from experiments.commands.run import add_run_arguments, config_from_args
 from experiments.config import RunConfig
+from experiments.real.client import REQUEST_TIMEOUT_S
 from experiments.real.executor import Executor, replay
 from experiments.real.llama import Llama
 from experiments.simulation import RunResult, build_replica, build_workload, write_outputs
@@ -87,11 +88,20 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--served-model-name", default=None, help="--url: the model's name on the server (default --model)")
     g.add_argument("--max-concurrency", type=int, default=None, help="--url: requests open at once (default: no cap)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="--url: seconds a request waits for its response, then for each next token, before it fails "
+        f"(default {REQUEST_TIMEOUT_S:g})",
+    )
     add_run_arguments(p, simulator=False)
+    user_code.add_flag(p)
     p.set_defaults(func=handle)
 
 
-_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force", "url", "served_model_name", "max_concurrency"})
+_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force", "url", "served_model_name", "max_concurrency",
+                        "timeout"})  # fmt: skip
 
 
 @dataclass
@@ -111,7 +121,11 @@ def handle(args: argparse.Namespace) -> int:
         from experiments.commands.validate_url import validate_url
 
         name = args.served_model_name or config.model
-        result = validate_url(config, args.url, name, seed=args.model_seed, concurrency=args.max_concurrency)
+        timeout = REQUEST_TIMEOUT_S if args.timeout is None else args.timeout
+        result = validate_url(config, args.url, name, seed=args.model_seed, concurrency=args.max_concurrency,
+                              timeout_s=timeout)  # fmt: skip
+    elif args.timeout is not None:
+        raise ValueError(f"--timeout {args.timeout:g}: it bounds a live server's requests; give --url, or drop it")
     else:
         result = validate(config, device=args.device, threads=args.threads, seed=args.model_seed)
     paths = write_validation(result, args.out, args.force)

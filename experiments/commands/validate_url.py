@@ -9,6 +9,12 @@ latency are measured on arrival of the chunks (``experiments.real.measured``). T
 workload through the same policy, timed by ``--hardware`` (the profile ``ferry probe`` fitted to this server). The
 table is ``ferry validate``'s; what only the server's iterations could say (idle time, iterations, batch sizes) is
 "-" on the real side. Give the scheduler flags the server runs with: the simulation cannot read them from it.
+
+Before the workload, ``/models`` must list the served model (nothing listening, an answer that is not an OpenAI model
+list, or another model: one line and exit 2). Every request waits at most ``--timeout`` seconds for its response and
+then for each next token (``experiments.real.client.REQUEST_TIMEOUT_S`` by default). When more than half the requests
+failed, nothing is written and the command stops with one line: how many failed and the first reason (exit 2); a few
+failures are kept in ``comparison.json`` (``failed``) and printed above the table.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import policies
 from costmodel import load_hardware
 from experiments.commands.validate import Validation, calibration_setting, compare
 from experiments.config import RunConfig
+from experiments.real import client as C
 from experiments.real.client import Prompts, replay_trace
 from experiments.real.measured import blank_server_side, records_of
 from experiments.simulation import build_replica, build_workload
@@ -27,9 +34,14 @@ from sim.engine import simulate
 
 
 def validate_url(
-    config: RunConfig, url: str, served_name: str, *, seed: int = 0, concurrency: int | None = None
-) -> Validation:
-    """Replay ``config``'s workload against ``url`` and simulate it with ``config.hardware``; compare."""
+    config: RunConfig, url: str, served_name: str, *, seed: int = 0, concurrency: int | None = None,
+    timeout_s: float = C.REQUEST_TIMEOUT_S,
+) -> Validation:  # fmt: skip
+    """Replay ``config``'s workload against ``url`` and simulate it with ``config.hardware``; compare. Each request
+    waits at most ``timeout_s`` seconds for its response, then for each next token. ValueError (one line) when the
+    server does not serve ``served_name`` or more than half the requests failed."""
+    url = C.check_url(url)
+    timeout_s = C.check_timeout(timeout_s)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {concurrency}")
     hardware = load_hardware(config.hardware)
@@ -38,12 +50,18 @@ def validate_url(
     replica = build_replica(config)
     config, cost = replica.config, replica.cost
     workload = build_workload(config)
+    C.check_server(url, served_name, "--served-model-name", min(C.MODELS_TIMEOUT_S, timeout_s))
     prompts = Prompts(np.random.default_rng(seed))
     sent = [prompts.make(int(p)) for p in workload.prompt_tokens]
     streams = replay_trace(
-        url, served_name, workload.arrival_s, sent, workload.output_tokens, concurrency=concurrency or 1 << 16
+        url, served_name, workload.arrival_s, sent, workload.output_tokens, concurrency or 1 << 16, timeout_s
     )
     records, errors = records_of(streams, workload.prompt_tokens)
+    if 2 * len(errors) > len(streams):  # a failure must not look like a comparison
+        i, why = next(iter(errors.items()))
+        raise ValueError(
+            f"{len(errors)} of {len(streams)} requests to {url} failed (request {i}: {why}); nothing written"
+        )
     real = replica.result(workload, records, f"live server at {url} ({served_name})")
     real.summary = blank_server_side(real.summary)
     real.summary["device"] = f"live server at {url}"

@@ -34,6 +34,7 @@ from costmodel.calibration.profile import FitResult, fit_profile
 from costmodel.hardware import HardwareProfile
 from costmodel.model_spec import ModelSpec
 from experiments.real import client as C
+from experiments.real.client import Prompts
 from experiments.real.probe_design import KINDS, Experiment, ProbePlan, design, run_experiment, seeded_prompts
 
 WINDOW = 8  # gaps per decode row (their median is the step's time)
@@ -53,6 +54,7 @@ class ProbeRun:
     seconds: float = 0.0
     stopped: str = ""  # why the probe stopped early ("" if it ran every experiment)
     notes: list[str] = field(default_factory=list)
+    max_num_batched_tokens: int | None = None  # the server's per-iteration token budget the prompts fit, if known
 
     def streams(self) -> list[C.Stream]:
         return [s for e in self.experiments for s in [*e.streams, *([e.injected] if e.injected else [])]]
@@ -61,27 +63,62 @@ class ProbeRun:
 # ---- sending ---------------------------------------------------------------------------------------------------
 
 
+async def _first_checks(
+    client: Any, url: str, model: str, plan: ProbePlan, seed: int, origin: float, stage: list[str],
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], Prompts, bool]:  # fmt: skip
+    """``/models`` serves ``model``; one real streamed request answers as an SSE stream of completion chunks (with
+    token ids, else words); then the warm-up requests. Returns the model's card, the prompts, whether they are words.
+    ``stage[0]`` says what it waits for. ValueError, one line, at the first answer that is not what it should be."""
+    card = C.served(await C.models(client, url, min(C.MODELS_TIMEOUT_S, plan.timeout_s)), model, url, "--model")
+    stage[0] = "the first request"
+    prompts, text = seeded_prompts(seed), False
+    first = await C.complete(client, url, model, prompts.make(16), 2, origin, timeout_s=plan.timeout_s)
+    if first.error and first.error.startswith(("HTTP 400", "HTTP 422")):
+        log(f"token-id prompts refused ({first.error}); sending words")
+        prompts, text = seeded_prompts(seed, text=True), True
+        first = await C.complete(client, url, model, prompts.make(16), 2, origin, timeout_s=plan.timeout_s)
+    if first.error:
+        raise ValueError(f"{url}: the first probe request failed: {first.error}")
+    for k in range(2, WARMUP_REQUESTS + 1):  # first-call costs of the server
+        stage[0] = f"warm-up request {k} of {WARMUP_REQUESTS}"
+        warm = await C.complete(client, url, model, prompts.make(64), 4, origin, timeout_s=plan.timeout_s)
+        if warm.error:
+            raise ValueError(f"{url}: {stage[0]} failed: {warm.error}")
+    return card, prompts, text
+
+
+def _budget_note(run: ProbeRun, plan: ProbePlan, told: int | None) -> str | None:
+    """A warning when the server's per-iteration token budget is unknown (or said twice, differently)."""
+    if run.max_num_batched_tokens is None:
+        longest = max(e.inject or e.prompt for e in run.experiments if e.kind in ("ttft", "mixed"))
+        return (
+            "warning: the server's per-iteration token budget is unknown (give --max-num-batched-tokens): a prompt "
+            f"above it is chunked by the server but timed here as one iteration; prompts go up to {longest} tokens"
+        )
+    if told is not None and plan.max_num_batched_tokens is not None and told != plan.max_num_batched_tokens:
+        return f"note: --max-num-batched-tokens {plan.max_num_batched_tokens} kept, where the server says {told}"
+    return None
+
+
 async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable[[str], None]) -> ProbeRun:
     origin = time.perf_counter()
     deadline = origin + plan.budget_s
-    async with C.new_client(plan.max_concurrency, plan.budget_s) as client:
-        listed = await C.models(client, url)
-        names = [m.get("id") for m in listed]
-        if model not in names:
-            raise ValueError(f"{url} serves {', '.join(map(str, names)) or 'no model'}, not {model!r}: give --model")
-        max_len = next((m.get("max_model_len") for m in listed if m.get("id") == model), None)
-        prompts = seeded_prompts(seed)
-        first = await C.complete(client, url, model, prompts.make(16), 2, origin)
-        text = False
-        if first.error and first.error.startswith(("HTTP 400", "HTTP 422")):
-            log(f"token-id prompts refused ({first.error}); sending words")
-            prompts, text = seeded_prompts(seed, text=True), True
-            first = await C.complete(client, url, model, prompts.make(16), 2, origin)
-        if first.error:
-            raise ValueError(f"{url}: the first probe request failed: {first.error}")
-        for _ in range(WARMUP_REQUESTS - 1):  # first-call costs of the server
-            await C.complete(client, url, model, prompts.make(64), 4, origin)
-        run = ProbeRun(url, model, int(max_len) if max_len else None, text, design(plan, max_len))
+    async with C.new_client(plan.max_concurrency, plan.timeout_s) as client:
+        stage = [f"GET {url}/models"]
+        try:
+            async with asyncio.timeout(plan.budget_s):
+                card, prompts, text = await _first_checks(client, url, model, plan, seed, origin, stage, log)
+        except TimeoutError:
+            raise ValueError(
+                f"{url}: --budget-s {plan.budget_s:g} spent before the probe's first checks ended (at {stage[0]})"
+            ) from None
+        max_len, told = C.card_int(card, "max_model_len"), C.card_int(card, "max_num_batched_tokens")
+        budget = plan.max_num_batched_tokens or told
+        run = ProbeRun(url, model, max_len, text, design(plan, max_len, budget), max_num_batched_tokens=budget)
+        if note := _budget_note(run, plan, told):
+            log(note)
+            run.notes.append(note)
         sent = WARMUP_REQUESTS
         for e in run.experiments:
             need = e.requests * (plan.repeats if e.kind == "ttft" else 1) + (e.kind == "mixed")
@@ -92,21 +129,27 @@ async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable
             if left <= 0:
                 run.stopped = f"--budget-s {plan.budget_s:g} spent"
                 break
+            job = run_experiment(e, client, url, model, prompts, plan.repeats, origin, timeout_s=plan.timeout_s)
             try:
-                await asyncio.wait_for(run_experiment(e, client, url, model, prompts, plan.repeats, origin), left)
-            except asyncio.TimeoutError:
+                await asyncio.wait_for(job, left)
+            except TimeoutError:
                 run.stopped = f"--budget-s {plan.budget_s:g} spent (during {e.label})"
                 break
             sent += e.sent()
             bad = [s.error for s in e.streams if s.error]
             log(f"{e.label}: {len(e.streams)} requests" + (f", {len(bad)} failed: {bad[0]}" if bad else ""))
+            if bad and len(bad) == len(e.streams) and not any(b.startswith("HTTP 4") for b in bad):
+                run.stopped = f"every request of {e.label} failed ({bad[0]})"  # not these requests: the server
+                break
         run.seconds = time.perf_counter() - origin
     return run
 
 
 def probe(url: str, model: str, plan: ProbePlan, seed: int = 0, log: Callable[[str], None] = print) -> ProbeRun:
-    """Run the probe against ``url`` (``http://HOST:PORT/v1``) serving ``model``; returns what it saw."""
-    return asyncio.run(_probe(url.rstrip("/"), model, plan, seed, log))
+    """Run the probe against ``url`` (``http://HOST:PORT/v1``) serving ``model``; returns what it saw. Ends by
+    ``plan.budget_s`` seconds (wall clock); ValueError, one line, when the server is not one it can probe."""
+    plan.check()
+    return asyncio.run(_probe(C.check_url(url), model, plan, seed, log))
 
 
 # ---- from streams to iterations -----------------------------------------------------------------------------------

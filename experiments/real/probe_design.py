@@ -17,6 +17,10 @@ Experiments of a kind alternate between fitted and held out, in size order, so t
 never saw. Prompts are unique random token ids (no prefix a server could cache). The probe is polite: experiments run
 one after another, at most ``max_concurrency`` streams at once, at most ``max_requests`` in all, and nothing starts
 once ``budget_s`` is spent (a running experiment is cancelled at the deadline, its streams closed).
+
+A prompt timed as one iteration (a ``ttft`` prompt; a ``mixed`` prompt with its running decodes) must fit the
+server's per-iteration token budget (its ``max_num_batched_tokens``): where that is known, those prompts are capped
+to it; a longer one would be chunked by the server over several iterations and its time read as one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from experiments.real.client import Prompts, Stream, complete
 
 KINDS = ("ttft", "decode", "batch", "mixed")
+MIN_PROMPT = 16  # the shortest ttft prompt (tokens)
 SETTLE_CHUNKS = 8  # tokens every running request has received before a mixed experiment's prompt is sent
 
 
@@ -47,7 +52,13 @@ class ProbePlan:
     mixed_batch: int = 16  # requests decoding when a mixed experiment's prompt arrives
     max_concurrency: int = 64
     max_requests: int = 1000
-    budget_s: float = 600.0
+    budget_s: float = 600.0  # wall-clock deadline of the whole probe (s), its first checks included
+    # the longest wait for a response or for a request's next token (s). The probe waits for each experiment to end
+    # before the next, so a request waits at most for the prefills of max_concurrency prompts ahead of it (64 of
+    # 256 tokens: about a second on a GPU, tens of seconds for a CPU server); a longer silence is a stalled server,
+    # and 60 s says so without waiting out the 600 s budget
+    timeout_s: float = 60.0
+    max_num_batched_tokens: int | None = None  # the server's per-iteration token budget, where known (tokens)
 
     def check(self) -> None:
         for name in ("max_prompt", "decode_tokens", "repeats", "max_concurrency", "max_requests"):
@@ -55,8 +66,14 @@ class ProbePlan:
                 raise ValueError(f"probe: {name} must be >= 1, got {getattr(self, name)}")
         if self.decode_tokens < 2 * SETTLE_CHUNKS:
             raise ValueError(f"probe: decode_tokens must be >= {2 * SETTLE_CHUNKS}, got {self.decode_tokens}")
-        if self.budget_s <= 0:
-            raise ValueError(f"probe: budget_s must be > 0, got {self.budget_s}")
+        for name, flag in (("budget_s", "--budget-s"), ("timeout_s", "--timeout")):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{flag} must be a number of seconds > 0, got {getattr(self, name):g}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < MIN_PROMPT:
+            raise ValueError(
+                f"--max-num-batched-tokens must be >= {MIN_PROMPT} (the probe's shortest prompt), "
+                f"got {self.max_num_batched_tokens}"
+            )
 
 
 @dataclass
@@ -100,13 +117,16 @@ def _spread(low: int, high: int, n: int) -> list[int]:
     return sorted({max(8, int(round(x / 8.0)) * 8) if x != high else high for x in np.geomspace(low, high, n)})
 
 
-def design(plan: ProbePlan, max_model_len: int | None) -> list[Experiment]:
-    """The experiments, in the order they run, each marked fitted or held out (alternating within its kind)."""
+def design(plan: ProbePlan, max_model_len: int | None, max_num_batched_tokens: int | None = None) -> list[Experiment]:
+    """The experiments, in the order they run, each marked fitted or held out (alternating within its kind).
+    ``max_num_batched_tokens`` (the server's per-iteration token budget, tokens; ``plan``'s if it has one) caps the
+    prompts timed as one iteration."""
     plan.check()
     limit = max_model_len or 1 << 30
-    top = max(16, min(plan.max_prompt, limit - plan.decode_tokens - 1))
+    budget = plan.max_num_batched_tokens or max_num_batched_tokens or 1 << 30
+    top = max(MIN_PROMPT, min(plan.max_prompt, limit - plan.decode_tokens - 1))
     g = plan.decode_tokens
-    out = [Experiment("ttft", p, p, 1, 1) for p in _sizes(16, top)]
+    out = [Experiment("ttft", p, p, 1, 1) for p in _sizes(MIN_PROMPT, max(MIN_PROMPT, min(top, budget)))]
     out += [Experiment("decode", c, c, 1, g) for c in _spread(plan.decode_contexts[0], top, len(plan.decode_contexts))]
     context = min(plan.batch_context, top)
     sizes = [b for b in plan.batch_sizes if b <= plan.max_concurrency]
@@ -114,7 +134,8 @@ def design(plan: ProbePlan, max_model_len: int | None) -> list[Experiment]:
     if top > 2 * context:  # long contexts too: batched decode then reads mostly KV cache
         out += [Experiment("batch", b, top, b, g) for b in sizes[1::2]]
     background = max(1, min(plan.mixed_batch, plan.max_concurrency - 1))
-    injects = _spread(max(64, top // 16), top, 3)
+    inject = max(MIN_PROMPT, min(top, budget - background))  # the prompt and one token of each decode: one iteration
+    injects = _spread(max(64, inject // 16), inject, 3)
     out += [Experiment("mixed", p, context, background, 3 * g, inject=p) for p in injects]
     for kind in KINDS:
         ranked = sorted((e for e in out if e.kind == kind), key=lambda e: e.size)
@@ -124,16 +145,20 @@ def design(plan: ProbePlan, max_model_len: int | None) -> list[Experiment]:
 
 
 async def run_experiment(
-    e: Experiment, client: Any, url: str, model: str, prompts: Prompts, repeats: int, origin: float
-) -> None:
-    """Send ``e``'s requests; their streams are kept on ``e`` as they arrive (cancel-safe: what finished stays)."""
+    e: Experiment, client: Any, url: str, model: str, prompts: Prompts, repeats: int, origin: float,
+    timeout_s: float = ProbePlan.timeout_s,
+) -> None:  # fmt: skip
+    """Send ``e``'s requests; their streams are kept on ``e`` as they arrive (cancel-safe: what finished stays).
+    A request whose response or next token takes over ``timeout_s`` seconds fails."""
     if e.kind == "ttft":
         for _ in range(repeats):
-            e.streams.append(await complete(client, url, model, prompts.make(e.prompt), 1, origin))
+            e.streams.append(await complete(client, url, model, prompts.make(e.prompt), 1, origin, timeout_s=timeout_s))
         return
     running = [Stream(0.0, e.prompt, e.max_tokens) for _ in range(e.requests)]
     tasks = [
-        asyncio.ensure_future(complete(client, url, model, prompts.make(e.prompt), e.max_tokens, origin, into=s))
+        asyncio.ensure_future(
+            complete(client, url, model, prompts.make(e.prompt), e.max_tokens, origin, into=s, timeout_s=timeout_s)
+        )
         for s in running
     ]
     try:
@@ -141,7 +166,7 @@ async def run_experiment(
             # every running request has received SETTLE_CHUNKS tokens (or has ended): they are all decoding
             while not all(len(s.chunk_s) >= SETTLE_CHUNKS or t.done() for s, t in zip(running, tasks, strict=True)):
                 await asyncio.sleep(0.001)
-            e.injected = await complete(client, url, model, prompts.make(e.inject), 1, origin)
+            e.injected = await complete(client, url, model, prompts.make(e.inject), 1, origin, timeout_s=timeout_s)
         await asyncio.gather(*tasks)
     finally:
         for t in tasks:
