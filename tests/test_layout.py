@@ -76,3 +76,16 @@ def test_the_public_workload_surface() -> None:
 
     assert callable(load_trace) and callable(synthetic) and callable(parse_length_spec)
     assert "native" in FORMATS and Workload.__module__ == "sim.workload.base" and LengthSpec is not None
+
+
+def test_every_folder_that_ships_is_a_listed_package() -> None:
+    """setuptools warns once per data folder that is importable but not listed (30 lines on every `make run`), and
+    a folder of modules left out would be missing from an installed ferry. Example files a clone runs by path
+    (``experiments/sweeps``) do not ship."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.relative_to(ROOT).parts) for layer in (*LAYERS, "hwprofiles") for p in [ROOT / layer,
+               *(ROOT / layer).rglob("*")] if p.is_dir() and p.name != "__pycache__" and any(
+               f.is_file() for f in p.iterdir())}  # fmt: skip
+    assert folders - {"experiments.sweeps"} == listed, (sorted(folders - listed), sorted(listed - folders))
