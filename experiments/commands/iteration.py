@@ -109,15 +109,30 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_limits(cm: CostModel) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` of a default `ferry run` of this model on this device (its default
+    policy at the newest release's `vllm serve` limits): the activation reserve of its memory plan, so that this
+    command and `ferry run` report one KV capacity."""
+    from experiments.config import RunConfig
+    from experiments.simulation import resolve
+
+    config = RunConfig(model=cm.model.name, hardware=cm.hardware.name, tensor_parallel_size=cm.tp)
+    scheduler = resolve(config, cm.model, cm.hardware)[0].scheduler
+    return scheduler.token_budget, scheduler.seq_limit
+
+
 def memory_note(cm: CostModel, shape: IterationShape) -> tuple[dict[str, Any], str]:
-    """Whether the model and this iteration's KV fit (default gpu_memory_utilization 0.9, blocks of 16): a JSON
-    object and a line of text. The iteration holds, per sequence, its cached context and the tokens it computes."""
+    """Whether the model and this iteration's KV fit (default gpu_memory_utilization 0.9, blocks of 16, the
+    activation reserve of a default `ferry run`): a JSON object and a line of text. The iteration holds, per
+    sequence, its cached context and the tokens it computes."""
     kv_tokens = int(shape.prefill_ctx.sum() + shape.prefill_new.sum() + shape.decode_ctx.sum() + shape.num_decode_seqs)
+    tokens, seqs = default_limits(cm)
     try:
-        plan = cm.memory_plan()
+        plan = cm.memory_plan(max_num_batched_tokens=tokens, max_num_seqs=seqs)
     except ValueError as exc:
         return {"fits": False, "error": str(exc), "iteration_kv_tokens": kv_tokens}, f"memory: DOES NOT FIT: {exc}"
-    out = {"kv_cache_tokens": plan.max_tokens, "num_gpu_blocks": plan.num_gpu_blocks, "iteration_kv_tokens": kv_tokens}
+    out = {"kv_cache_tokens": plan.max_tokens, "num_gpu_blocks": plan.num_gpu_blocks, "iteration_kv_tokens": kv_tokens,
+           "reserved_for_tokens": tokens, "reserved_for_seqs": seqs}  # fmt: skip
     if kv_tokens > plan.max_tokens:
         error = (
             f"this iteration's sequences hold {kv_tokens:,} KV tokens, but the KV cache holds {plan.max_tokens:,} "
@@ -126,7 +141,8 @@ def memory_note(cm: CostModel, shape: IterationShape) -> tuple[dict[str, Any], s
         return {"fits": False, "error": error} | out, f"memory: DOES NOT FIT: {error}"
     text = (
         f"memory: fits; the iteration holds {kv_tokens:,} of the KV cache's {plan.max_tokens:,} tokens per replica "
-        "at gpu_memory_utilization 0.9"
+        f"at gpu_memory_utilization 0.9, activations reserved for {tokens:,} tokens and {seqs:,} sequences (a default "
+        "`ferry run`'s vLLM limits)"
     )
     return {"fits": True} | out, text
 

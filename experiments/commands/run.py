@@ -324,6 +324,21 @@ def _kv_cache(mem: dict[str, Any]) -> str:
             f"({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)")  # fmt: skip
 
 
+def _placement(s: dict[str, Any], engine: str) -> str:
+    """What ran where: the model, the device, tensor parallelism and, for a cluster, its replicas and GPUs."""
+    cfg = s["config"]
+    if "pools" in s:  # disaggregated: each pool is described below
+        return f"{s['model']} on {s['hardware']}"
+    replicas, tp = int(s.get("num_replicas", 1)), cfg["tensor_parallel_size"]
+    if replicas == 1:
+        return f"{s['model']} on {s['hardware']}, TP {tp}{engine}"
+    gpus = s.get("num_gpus", replicas * tp)
+    if s.get("replica_groups"):  # each group says its device and TP below
+        return f"{s['model']} on {replicas} replicas ({s['hardware']}), {gpus} GPUs{engine}"
+    device = str(s["hardware"]).rsplit(" x", 1)[0]
+    return f"{s['model']} on {replicas} replicas of {device}, TP {tp} each ({gpus} GPUs){engine}"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """A readable table of the summary, in sections, like `vllm bench serve` prints."""
     cfg = s["config"]
@@ -332,10 +347,7 @@ def format_summary(s: dict[str, Any]) -> str:
     groups = s.get("replica_groups")
     engine = f" ({cfg['engine_overheads']} overheads)" if cfg.get("engine_overheads") else ""
     replica_rows: list[tuple[str, Any]] = [
-        (
-            "Model / hardware",
-            f"{s['model']} on {s['hardware']}" + ("" if "pools" in s else f" x{cfg['tensor_parallel_size']}{engine}"),
-        ),
+        ("Model / hardware", _placement(s, engine)),
         ("Policy", sched["policy"]),
         *scheduler_rows(s),
         ("Workload", s["workload"]),
