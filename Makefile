@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test chromium run teach explore test lint clean
+.PHONY: setup setup-test chromium run teach explore data test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels)
 setup: $(VENV)/.installed
@@ -41,6 +41,11 @@ run: setup
 # The teaching figures (docs/teaching.md): every policy on the chapter's scenarios, English labels (TEACH_LANG=ko: Korean).
 teach: setup
 	$(BIN)/ferry teach --out figures/ --lang $(or $(TEACH_LANG),en)
+
+# the public traces and measurements some examples and studies read (Vidur's and Sarathi-Serve's, from GitHub at
+# pinned commits), into ../shared/data where the examples read them; each file checked against its SHA-256
+data: setup
+	$(BIN)/ferry fetch-data --dest $(or $(DATA_DIR),../shared/data)
 
 lint: setup-test
 	$(BIN)/ruff check .

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "experiments.commands.plan",
     "experiments.commands.sweep",
     "experiments.commands.plot",
+    "experiments.commands.fetch_data",
 )
 
 
