@@ -69,10 +69,8 @@ def test_probe_predicts_the_requests_it_held_out(probed: Path) -> None:
     assert (rows.groupby("experiment")["held_out"].nunique() == 1).all()
     hw = load_hardware(str(probed))
     assert hw.kind == "calibrated" and hw.provenance.settings is not None
-    if report["max_num_batched_tokens"] is None:  # the server does not state its token budget: the probe says so
-        assert report["notes"][0].startswith("warning: the server's per-iteration token budget is unknown")
-    else:
-        assert report["max_num_batched_tokens"] == 512
+    # ferry serve's model card states its token budget, which capped the prompts timed as one iteration
+    assert report["max_num_batched_tokens"] == 512 and report["notes"] == []
     assert hw.provenance.settings["prompts"] == "token ids" and float(hw.provenance.settings["client_s"]) >= 0
 
 
@@ -110,7 +108,8 @@ def test_probe_stops_at_its_request_cap(live, tmp_path: Path, capsys) -> None:  
     report = json.loads((tmp_path / "cap.probe.json").read_text())
     assert report["requests"] + 3 <= 20  # three warm-up requests, then whole experiments only
     # the prompts timed as one iteration fit the budget given: a TTFT is one prefill of at most 128 tokens
-    assert report["max_num_batched_tokens"] == 128 and report["notes"] == []
+    assert report["max_num_batched_tokens"] == 128  # the flag wins over the server's card, which it says
+    assert report["notes"] == ["note: --max-num-batched-tokens 128 kept, where the server says 512"]
     rows = pd.read_csv(tmp_path / "cap.probe.csv")
     ttft = [json.loads(c)[0][0] for c in rows.loc[rows["kind"] == "ttft", "prefill_chunks"]]
     assert len(ttft) >= 5 and max(ttft) == 128

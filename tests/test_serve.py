@@ -174,6 +174,8 @@ def test_health_and_models(server: Server) -> None:
     (card,) = models["data"]
     assert card["id"] == "tiny-llama" and card["object"] == "model" and card["owned_by"] == "ferry"
     assert card["max_model_len"] == MAX_MODEL_LEN
+    # the scheduler's limits, which a probe caps its prompts to (vLLM's card has none of them)
+    assert card["max_num_batched_tokens"] == 128 and card["max_num_seqs"] == 8
 
 
 def test_streamed_completion_of_token_ids(server: Server) -> None:

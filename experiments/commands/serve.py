@@ -1,7 +1,8 @@
 """`ferry serve`: ferry's real executor behind an OpenAI-compatible HTTP server, scheduled by a ferry policy.
 
     ferry serve --model tiny-llama [--device cpu] [--threads 1] --policy chunked --max-num-seqs 16 \\
-        --max-num-batched-tokens 256 [--host 127.0.0.1] [--port 8000] [--iterations-log iterations.csv]
+        --max-num-batched-tokens 256 [--host 127.0.0.1] [--port 8000] [--iterations-log iterations.csv] \\
+        [--max-request-body-bytes 16777216]
 
 The model is built from its config.json with random weights (``experiments.real.llama``) on ``--device``; requests
 arriving on ``POST /v1/completions`` are scheduled by the policy the flags describe (the same objects as ``ferry
@@ -11,9 +12,11 @@ The tokens are meaningless (random weights); the timing is real. Prints one line
 
     ferry serve: NAME (MODEL) on DEVICE, policy POLICY, listening on http://HOST:PORT/v1
 
-(``--port 0`` picks a free port, which the line names). Ctrl-C or SIGTERM stops it: requests in flight get
-``GRACE_S`` seconds to end, the engine stops, ``--iterations-log`` is written (one row per iteration the engine ran:
-``experiments.real.live.ITERATION_LOG_COLUMNS``, the input of ``ferry calibrate --from-iterations``), status 0.
+(``--port 0`` picks a free port, which the line names). Ctrl-C or SIGTERM stops it: the engine stops after the
+iteration in progress and every request still open ends with a 503 (a stream: its error event, then ``data: [DONE]``),
+connections still open ``GRACE_S`` seconds later are closed, ``--iterations-log`` is written (one row per iteration
+the engine ran: ``experiments.real.live.ITERATION_LOG_COLUMNS``, the input of ``ferry calibrate
+--from-iterations``), status 0.
 Needs the ``serve`` extra (starlette, uvicorn) and PyTorch. ``--dtype auto`` is float32 on a CPU, the config's
 ``torch_dtype`` on a GPU.
 
@@ -23,6 +26,10 @@ policy's block accounting follows ``--hardware`` (or ``--num-gpu-blocks-override
 ``--max-num-seqs`` within the device's memory. The policy never sees the end of the arrivals, so ``static`` waits for
 a full boat of ``--max-batch-size`` requests however long that takes. Each iteration's record stays in memory for the
 log (a few hundred bytes an iteration), as do the request table and the token gaps.
+
+What a request may be (``experiments.http_limits``): a body of at most ``--max-request-body-bytes`` (longer: 413,
+unread), a prompt shorter than ``--max-model-len`` tokens (refused before the rest of it is read); a client that
+disconnects aborts its request, streamed or not.
 """
 
 from __future__ import annotations
@@ -37,13 +44,14 @@ from typing import Any
 import policies
 from costmodel.dtypes import canonical
 from costmodel.model_spec import load_model
-from experiments import outputs
+from experiments import http_limits, outputs
 from experiments.commands.run import add_run_arguments, config_from_args
 from experiments.config import RunConfig
 from experiments.simulation import build_replica
+from policies.config import ITERATION_LIMITED
 from sim.kvcache import KVCacheManager
 
-GRACE_S = 5  # seconds requests in flight get to end after a stop signal, before their connections are closed
+GRACE_S = 5  # seconds connections get to close after a stop signal (their requests have ended), before being cut
 MAX_INITIAL_SLOTS = 16  # sequences the model's KV cache holds at first (it doubles as more are seated)
 SERVER_GROUPS = ("replica", "scheduler")  # the groups of `ferry run`'s flags a server takes
 
@@ -62,6 +70,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     p.add_argument("--model-seed", type=int, default=0, help="seed of the model's random weights (0)")
     p.add_argument("--iterations-log", type=Path, default=None, help="CSV of every iteration, written at exit")
+    http_limits.add_arguments(p, simulates=False)
     _add_server_arguments(p)
     p.set_defaults(func=handle, config=None)
 
@@ -79,7 +88,9 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                 ours._add_action(action)
 
 
-_OWN_FLAGS = frozenset({"device", "threads", "host", "port", "served_model_name", "model_seed", "iterations_log"})
+_OWN_FLAGS = frozenset(
+    {"device", "threads", "host", "port", "served_model_name", "model_seed", "iterations_log"} | http_limits.LIMIT_FLAGS
+)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -95,6 +106,7 @@ def handle(args: argparse.Namespace) -> int:
         served_name=args.served_model_name,
         seed=args.model_seed,
         iterations_log=args.iterations_log,
+        limits=http_limits.from_args(args),
     )
 
 
@@ -123,6 +135,7 @@ def serve(
     served_name: str | None = None,
     seed: int = 0,
     iterations_log: Path | None = None,
+    limits: http_limits.HttpLimits | None = None,
 ) -> int:
     """Build the model and the policy, serve until a stop signal, write the iteration log; returns the exit status."""
     try:
@@ -133,7 +146,7 @@ def serve(
     from costmodel.calibration import kernels as K
     from experiments.real.live import LiveEngine, LiveExecutor, iteration_table
     from experiments.real.llama import Llama
-    from experiments.real.server import build_app
+    from experiments.real.server import EngineServer, build_app
 
     torch = K.require_torch()
     if threads:
@@ -171,9 +184,14 @@ def serve(
         f"ferry serve: {name} ({replica.model.name}) on {where}, policy {sched.policy}, "
         f"listening on http://{url_host}:{bound[1]}/v1"
     )
-    app = build_app(engine, name, sched.max_model_len, on_ready=lambda: print(ready, flush=True))
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S, lifespan="on")
+    limits = limits or http_limits.HttpLimits()
+    card = {"max_num_batched_tokens": sched.token_budget, "max_num_seqs": sched.seq_limit}
+    app = build_app(engine, name, sched.max_model_len, on_ready=lambda: print(ready, flush=True),
+                    max_body_bytes=limits.max_request_body_bytes,
+                    limits=card if sched.policy in ITERATION_LIMITED else None)  # fmt: skip
+    server = EngineServer(
+        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S, lifespan="on"),
+        engine,
     )
     engine.on_error = lambda exc: setattr(server, "should_exit", True)
     engine.start()

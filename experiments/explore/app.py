@@ -5,19 +5,25 @@
 - ``GET /api/options?lang=en|ko``: the controls (key, label, kind, bounds, the policies that read each), the defaults,
   the words the drawing prints and the metrics' labels, in that language.
 - ``GET /api/run?KEY=VALUE&...``: one simulation of those settings (the page's own query string) as the JSON of
-  ``payload.run_json``; 422 with ``{"error": {"field": KEY or null, "message": ...}}`` for settings it cannot run.
+  ``drawing.run_json``; 422 with ``{"error": {"field": KEY or null, "message": ...}}`` for settings it cannot run
+  (more work than ``--max-run-tokens`` included), 503 with the same shape and ``Retry-After`` when too many runs wait.
 
-Simulations run in worker threads, at most ``MAX_RUNNING`` at once, so the server answers while one runs; the last
-``CACHED_RUNS`` results are kept by settings, so flipping back to an earlier setting answers at once.
+Simulations run in worker threads, so the server answers while one runs, in two lanes by their work (``Plan.tokens``,
+counted before they start): a small run (at most a tenth of the limit) never waits behind a large one. At most
+``SMALL_RUNNING`` small and ``LARGE_RUNNING`` large runs simulate at once; the others wait their turn, and one whose
+client has gone (the page drops the run it no longer waits for) leaves the line without running; past
+``SMALL_WAITING`` or ``LARGE_WAITING`` waiting, a run is answered 503. The last ``CACHED_RUNS`` results are kept by
+settings, so flipping back to an earlier setting answers at once. Unexpected errors answer 500 in the same shape and
+log one line (``experiments.http_limits.Guard``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.util
 import io
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -27,22 +33,30 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from experiments.explore.payload import KEYS, METRICS, READ_BY, SYNTHETIC_ONLY, Explorer, SettingError, Settings
+from experiments.explore.drawing import METRICS, settings_json
+from experiments.explore.payload import KEYS, READ_BY, SYNTHETIC_ONLY, Explorer, Plan, SettingError, Settings
 from experiments.explore.words import control_label, help_text, metric_label, unit, word, words
+from experiments.http_limits import DEFAULT_MAX_REQUEST_BODY_BYTES, Guard
 from experiments.teach.labels import LANGS
 from policies.config import BUILTIN_POLICIES
 
 STATIC = Path(str(resources.files("experiments.explore") / "static"))
-MAX_RUNNING = 2  # simulations at once (the page cancels what it no longer waits for; the server cannot)
+SMALL_SHARE = 10  # a run of at most max_run_tokens / SMALL_SHARE tokens is small: it has a lane of its own
+# small runs simulating at once, and waiting for a turn (a small run takes well under a second: a classroom's burst)
+SMALL_RUNNING, SMALL_WAITING = 2, 32
+# large runs simulating at once, and waiting: a page waits for one run at a time (it drops the one it no longer waits
+# for), so two waiting lets two pages share a server; more would pile up minutes of work behind a running one
+LARGE_RUNNING, LARGE_WAITING = 1, 2
+RETRY_AFTER_S = 5  # the Retry-After of a 503 for a full lane (s): about one large run
+POLL_S = 0.05  # how often a waiting run looks for its turn and for its client having gone (s)
 CACHED_RUNS = 64  # results kept, by canonical settings
 FONTS = ("NanumGothic.ttf", "NanumGothicBold.ttf")  # the page's Hangul (explore.css names them)
-
-log = logging.getLogger("ferry.explore")
 
 # (kind, bounds, unit) of each control; the labels come from words.py in the page's language
 _KINDS: dict[str, dict[str, Any]] = {
@@ -72,27 +86,94 @@ GROUPS = (
 )  # fmt: skip
 
 
+class Busy(Exception):
+    """Too many runs of this size wait already."""
+
+
+class Lane:
+    """Runs of one size: at most ``running`` simulating at once, at most ``waiting`` waiting for a turn."""
+
+    def __init__(self, name: str, running: int, waiting: int) -> None:
+        self.name = name
+        self.most_running, self.most_waiting = running, waiting
+        self.running = self.waiting = 0
+        self.started = 0  # runs that have had a turn, since the server started
+        self._lock = threading.Lock()
+
+    def _try(self) -> bool:
+        with self._lock:
+            if self.running < self.most_running:
+                self.running += 1
+                self.started += 1
+                return True
+            return False
+
+    async def enter(self, request: Request) -> bool:
+        """Wait for a turn (then ``leave`` after the run); False if the client left first; ``Busy`` if the line is
+        full."""
+        if self._try():
+            return True
+        with self._lock:
+            if self.waiting >= self.most_waiting:
+                raise Busy(f"{self.waiting} {self.name} runs are waiting already: try again in a few seconds")
+            self.waiting += 1
+        try:
+            while not self._try():
+                if await request.is_disconnected():
+                    return False
+                await asyncio.sleep(POLL_S)
+            return True
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+
 class Runs:
-    """The simulations behind the page: at most ``MAX_RUNNING`` at once, the last ``CACHED_RUNS`` kept."""
+    """The simulations behind the page: a lane for small runs and one for large ones, the last ``CACHED_RUNS``
+    kept."""
 
     def __init__(self, explorer: Explorer) -> None:
         self.explorer = explorer
-        self._slots = threading.BoundedSemaphore(MAX_RUNNING)
+        self.small = Lane("small", SMALL_RUNNING, SMALL_WAITING)
+        self.large = Lane("large", LARGE_RUNNING, LARGE_WAITING)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
-    def json(self, settings: Settings) -> dict[str, Any]:
+    def lane(self, plan: Plan) -> Lane:
+        return self.small if plan.tokens * SMALL_SHARE <= self.explorer.max_run_tokens else self.large
+
+    def cached(self, settings: Settings) -> dict[str, Any] | None:
         key = settings.model_dump_json()
         with self._lock:
-            if key in self._cache:
+            result = self._cache.get(key)
+            if result is not None:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-        with self._slots:
-            result = self.explorer.run(settings)
+            return result
+
+    def keep(self, settings: Settings, result: dict[str, Any]) -> None:
         with self._lock:
-            self._cache[key] = result
+            self._cache[settings.model_dump_json()] = result
             while len(self._cache) > CACHED_RUNS:
                 self._cache.popitem(last=False)
+
+    async def json(self, settings: Settings, request: Request) -> dict[str, Any] | None:
+        """The page's JSON of ``settings``: kept, or simulated in its lane; None if the client left before its turn."""
+        result = self.cached(settings)
+        if result is not None:
+            return result
+        plan = await run_in_threadpool(self.explorer.plan, settings)
+        lane = self.lane(plan)
+        if not await lane.enter(request):
+            return None
+        try:
+            result = await run_in_threadpool(self.explorer.run, settings, plan)
+        finally:
+            lane.leave()
+        self.keep(settings, result)
         return result
 
 
@@ -121,7 +202,7 @@ def options(explorer: Explorer, lang: str) -> dict[str, Any]:
         "lang": lang,
         "title": word("title", lang) + (f": {scenario.title.get(lang)}" if scenario is not None else ""),
         "point": scenario.point.get(lang) if scenario is not None and scenario.point is not None else None,
-        "defaults": explorer.defaults.model_dump(),
+        "defaults": settings_json(explorer.defaults),
         "controls": controls,
         "groups": [{"label": word(label, lang), "keys": list(keys)} for label, keys in GROUPS],
         "words": words(lang),
@@ -153,8 +234,13 @@ def korean_font(name: str) -> bytes | None:
     return out.getvalue()
 
 
-def build_app(explorer: Explorer, on_ready: Callable[[], None] | None = None) -> Starlette:
-    """The ASGI app over ``explorer``; ``on_ready`` is called once it has started (before its first request)."""
+def build_app(
+    explorer: Explorer,
+    on_ready: Callable[[], None] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+) -> Starlette:
+    """The ASGI app over ``explorer``; ``on_ready`` is called once it has started (before its first request); a
+    request body longer than ``max_body_bytes`` (bytes; the page sends none) is refused unread (413)."""
     runs = Runs(explorer)
 
     @contextlib.asynccontextmanager
@@ -174,14 +260,15 @@ def build_app(explorer: Explorer, on_ready: Callable[[], None] | None = None) ->
 
     async def run(request: Request) -> Response:
         try:
-            settings = explorer.parse(dict(request.query_params))
-            return JSONResponse(await run_in_threadpool(runs.json, settings))
+            result = await runs.json(explorer.parse(dict(request.query_params)), request)
         except SettingError as exc:
             return JSONResponse(exc.to_json(), status_code=422)
-        except Exception as exc:  # a bug of ours: one line on the page, the traceback in the server's log
-            log.exception("ferry explore: the run of %s failed", dict(request.query_params))
-            message = f"the simulation failed ({type(exc).__name__}: {exc}); the server's log has the details"
-            return JSONResponse(SettingError(None, message).to_json(), status_code=500)
+        except Busy as exc:
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse(SettingError(None, str(exc)).to_json(), status_code=503, headers=headers)
+        if result is None:  # the client left before the run's turn: nobody to answer
+            return Response(status_code=204)
+        return JSONResponse(result)
 
     async def font(request: Request) -> Response:
         data = await run_in_threadpool(korean_font, request.path_params["name"])
@@ -189,7 +276,10 @@ def build_app(explorer: Explorer, on_ready: Callable[[], None] | None = None) ->
             return Response("no such font", status_code=404, media_type="text/plain")
         return Response(data, media_type="font/ttf", headers={"Cache-Control": "max-age=86400"})
 
-    return Starlette(
+    guard = Middleware(Guard, max_body_bytes=max_body_bytes, name="ferry explore",
+                       error_body=lambda status, message: SettingError(None, message).to_json())  # fmt: skip
+    app = Starlette(
+        middleware=[guard],
         routes=[
             Route("/fonts/{name}", font),
             Route("/", page),
@@ -199,3 +289,5 @@ def build_app(explorer: Explorer, on_ready: Callable[[], None] | None = None) ->
         ],
         lifespan=lifespan,
     )
+    app.state.runs = runs  # what runs and waits, for a look from outside
+    return app

@@ -4,6 +4,11 @@ on the page), their check with errors that name the control, and one simulation 
 A run here is `ferry run` with the same settings: the settings become a ``RunConfig`` (``Explorer.run_config``) that
 records its batches, and the JSON is read from that run's records (``experiments.teach.runs.PolicyRun``, the frames
 `ferry teach` draws from). Times are milliseconds from the start of the workload.
+
+Before it simulates, a run is planned (``Explorer.plan``): its requests are drawn and their work counted, requests x
+(prompt + output) tokens, against the server's limit (``--max-run-tokens``, ``experiments.http_limits``). The drawn
+lengths are the run's own (the same seed), so the count is exact where the length specs' upper bounds would refuse
+cheap runs (a lognormal whose ``max=`` is far above its median) and their means would miss a heavy tail.
 """
 
 from __future__ import annotations
@@ -14,25 +19,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from costmodel.hardware import builtin_hardware
 from costmodel.model_spec import builtin_models
 from experiments.config import RunConfig
+from experiments.explore.drawing import run_json
+from experiments.http_limits import DEFAULT_MAX_RUN_TOKENS
 from experiments.simulation import build_workload
-from experiments.teach.runs import PolicyRun, policy_run
+from experiments.teach.runs import policy_run
 from experiments.teach.scenario import Scenario, one_line
-from experiments.teach.spans import request_spans, seat_assignment
 from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number
 from sim.workload import Workload
-from sim.workload.lengths import parse_length_spec
+from sim.workload.lengths import LognormalLength, parse_length_spec
 
 MAX_PROMPTS = 2000  # requests one page run may simulate (a few seconds at most on a laptop)
-MAX_DRAWN_REQUESTS = 300  # requests whose spans the page draws; the metrics count every request
-MAX_DRAWN_SPANS = 12_000  # boxes the page draws (fewer requests are drawn when theirs are more)
-MAX_LENGTH = 32768  # tokens: the page's longest prompt or output a length spec may ask for
+MAX_LENGTH = 32768  # tokens: the page's longest prompt or output a length spec may ask for (a lognormal is cut there)
 
 Policy = Literal["none", "static", "dynamic", "continuous", "chunked"]
 assert set(Policy.__args__) == set(BUILTIN_POLICIES)  # type: ignore[attr-defined]
@@ -93,6 +95,8 @@ class Explorer:
     scenario: Scenario | None = None
     models: tuple[str, ...] = field(default_factory=lambda: tuple(builtin_models()))
     hardware: tuple[str, ...] = field(default_factory=lambda: tuple(builtin_hardware()))
+    # the most work one run may be: its requests' prompt and output tokens summed (tokens)
+    max_run_tokens: int = DEFAULT_MAX_RUN_TOKENS
 
     @classmethod
     def of_scenario(cls, scenario: Scenario) -> Explorer:
@@ -150,6 +154,7 @@ class Explorer:
         data |= scheduler | {"record_batches": True}
         if settings.workload == "synthetic":
             data |= {k: getattr(settings, k) for k in WORKLOAD_KEYS}
+            data |= {k: page_length(getattr(settings, k)) for k in ("input_len", "output_len")}
         try:
             return RunConfig.model_validate(data)
         except ValidationError as exc:
@@ -166,12 +171,34 @@ class Explorer:
         assert self.scenario is not None
         return next((p for p in self.scenario.policies if p.get("policy", "continuous") == policy), {})
 
-    def run(self, settings: Settings) -> dict[str, Any]:
-        """Simulate the settings; the page's JSON (see ``run_json``). A run the simulator refuses (a model that does
-        not fit the GPU, a prompt longer than max_model_len) raises ``SettingError`` naming the control."""
+    def plan(self, settings: Settings) -> Plan:
+        """The run of the settings, its requests drawn, before it simulates; ``SettingError`` if its work is more than
+        ``max_run_tokens`` (naming the length whose tokens are the most of it; with a scenario's requests, none)."""
         config = self.run_config(settings)
         try:
-            run = policy_run(config, self.workload(settings, config), settings.policy)
+            workload = self.workload(settings, config)
+        except (ValueError, OSError) as exc:
+            message = " ".join(str(exc).split())
+            raise SettingError(field_named(message), message) from None
+        prompt, output = int(workload.prompt_tokens.sum()), int(workload.output_tokens.sum())
+        tokens, n = prompt + output, len(workload.prompt_tokens)
+        if tokens > self.max_run_tokens:
+            key = None if settings.workload == "scenario" else "output_len" if output >= prompt else "input_len"
+            raise SettingError(
+                key,
+                f"{key or 'workload'}: {n:,} requests of {tokens / max(n, 1):,.0f} prompt + output tokens on average "
+                f"are {tokens:,} tokens to simulate, more than a run here may be ({self.max_run_tokens:,}: ferry "
+                "explore --max-run-tokens)",
+            )
+        return Plan(config, workload, tokens)
+
+    def run(self, settings: Settings, plan: Plan | None = None) -> dict[str, Any]:
+        """Simulate the settings (as ``plan``ned, or planned now); the page's JSON (see ``run_json``). A run the
+        simulator refuses (a model that does not fit the GPU, a prompt longer than max_model_len) raises
+        ``SettingError`` naming the control."""
+        plan = plan or self.plan(settings)
+        try:
+            run = policy_run(plan.config, plan.workload, settings.policy)
         except (ValueError, OSError) as exc:
             message = " ".join(str(exc).split())
             raise SettingError(field_named(message), message) from None
@@ -182,14 +209,23 @@ class Explorer:
         return run_json(run, settings, self.query(settings))
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A run the page may start: what it simulates, and how much."""
+
+    config: RunConfig  # the `ferry run` config
+    workload: Workload  # its requests, drawn
+    tokens: int  # its work: the requests' prompt and output tokens summed (tokens)
+
+
 def _first(exc: ValidationError) -> tuple[str | None, str]:
     """The control and the message of a validation error's first problem."""
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"]]
     key = next((p for p in reversed(loc) if p in KEYS), None)
     message = err["msg"].removeprefix("Value error, ")
-    if key is None:
-        key = field_named(message)
+    if key is None or key == "workload":  # a run config's "workload" is its section of workload settings
+        key = field_named(message) or key
     given = err.get("input")
     if key is not None and not isinstance(given, dict) and key in loc:
         message = f"{key}: {message} (got {given!r})"
@@ -258,134 +294,18 @@ def _check_length(key: str, text: str) -> None:
         spec = parse_length_spec(text)
     except ValueError as exc:
         raise SettingError(key, f"{key}: {one_line(exc)}") from None
-    high = max(int(v) for k, v in spec.model_dump().items() if k in ("value", "high", "max"))
+    bounds = [
+        int(v) for k, v in spec.model_dump().items() if k in ("value", "low", "high", "min", "max") and v is not None
+    ]
+    high = max(bounds, default=0)
     if high > MAX_LENGTH:
         raise SettingError(key, f"{key}: {high:,} tokens is longer than the page draws (at most {MAX_LENGTH:,})")
 
 
-def _ms(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
-METRICS = (  # (key of the page, key of summary.json); the summary's are vLLM bench serve's
-    ("ttft_mean_ms", "mean_ttft_ms"),
-    ("ttft_p50_ms", "median_ttft_ms"),
-    ("ttft_p90_ms", "p90_ttft_ms"),
-    ("ttft_p99_ms", "p99_ttft_ms"),
-    ("tpot_mean_ms", "mean_tpot_ms"),
-    ("tpot_p90_ms", "p90_tpot_ms"),
-    ("itl_mean_ms", "mean_server_itl_ms"),
-    ("itl_p90_ms", "p90_server_itl_ms"),
-    ("itl_p99_ms", "p99_server_itl_ms"),
-    ("e2el_mean_ms", "mean_e2el_ms"),
-    ("e2el_p50_ms", "median_e2el_ms"),
-    ("e2el_p90_ms", "p90_e2el_ms"),
-    ("e2el_p99_ms", "p99_e2el_ms"),
-    ("output_throughput", "output_throughput"),
-    ("request_throughput", "request_throughput"),
-    ("gpu_idle_ms", "gpu_idle_s"),
-    ("gpu_idle_percent", "gpu_idle_fraction"),
-    ("seat_utilization_percent", "seat_utilization"),
-    ("mean_batch_size", "mean_batch_size"),
-    ("peak_kv_usage_percent", "peak_kv_usage"),
-    ("mean_kv_usage_percent", "mean_kv_usage"),
-    ("completed", "completed"),
-    ("rejected", "failed"),
-)
-
-
-def metrics_of(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The metric panel's numbers from a run's summary (ms, %, tokens/s, requests/s)."""
-    out: dict[str, float | None] = {}
-    for key, source in METRICS:
-        value = summary.get(source)
-        if value is not None:
-            value = float(value) * (1000.0 if key.endswith("_ms") and source.endswith("_s") else 1.0)
-            value *= 100.0 if key.endswith("_percent") else 1.0
-        out[key] = value
-    return out
-
-
-def run_json(run: PolicyRun, settings: Settings, query: str) -> dict[str, Any]:
-    """The page's JSON for one run: requests, iterations, spans (with seats) of the first ``MAX_DRAWN_REQUESTS``
-    requests, GPU idle stretches and the metrics of all. Every time is the run's own (records in ms)."""
-    req = run.requests
-    drawn_ids = [str(i) for i in req.index[:MAX_DRAWN_REQUESTS]]
-    seat_of = seat_assignment(run)
-    spans = request_spans(_only(run, drawn_ids))
-    per_request = spans.groupby("request_id", sort=False).size().reindex(drawn_ids, fill_value=0)
-    fits = int(np.searchsorted(per_request.cumsum().to_numpy(), MAX_DRAWN_SPANS, side="right"))
-    if fits < len(drawn_ids):  # long outputs: as many requests as MAX_DRAWN_SPANS boxes hold (at least one)
-        drawn_ids = drawn_ids[: max(fits, 1)]
-        spans = spans[spans.request_id.isin(drawn_ids)]
-    last = float(spans.end_ms.max()) if len(spans) else 0.0
-    it = run.iterations[run.iterations.start_ms <= last] if len(drawn_ids) < len(req) else run.iterations
-    blocks = max(int(run.summary.get("kv_cache_blocks") or 1), 1)
-    return {
-        "settings": settings.model_dump(),
-        "query": query,
-        "title": f"{settings.policy} - {settings.model} on {settings.hardware}",
-        "seats": run.seats,
-        "end_ms": _ms(run.end_ms) or 0.0,
-        "requests": [
-            {
-                "id": str(rid),
-                "arrival_ms": float(r.arrival_ms),
-                "first_token_ms": _ms(r.first_token_ms),
-                "finish_ms": _ms(r.finish_ms),
-                "response_ms": _ms(r.response_ms),
-                "prompt": int(r.prompt_tokens),
-                "output": int(r.output_tokens_wanted),
-                "status": str(r.status),
-                "reason": None if not isinstance(r.reason, str) or not r.reason else r.reason,
-            }
-            for rid, r in req.iloc[: len(drawn_ids)].iterrows()
-        ],
-        "iterations": [
-            {
-                "number": int(i.number),
-                "start_ms": float(i.start_ms),
-                "end_ms": float(i.end_ms),
-                "num_seqs": int(i.prefill_seqs + i.decode_seqs),
-                "prefill_tokens": int(i.prefill_tokens),
-                "decode_tokens": int(i.decode_seqs),
-                "kv_usage": float(i.kv_blocks_used) / blocks,
-            }
-            for i in it.itertuples()
-        ],
-        "spans": [
-            {
-                "request": s.request_id,
-                "kind": s.kind,
-                "start_ms": float(s.start_ms),
-                "end_ms": float(s.end_ms),
-                "iteration": int(s.iteration),
-                "tokens": int(s.tokens),
-                "seat": None if s.kind == "waiting" else seat_of.get(s.request_id),
-            }
-            for s in spans.itertuples()
-        ],
-        "idle": [[a, b] for a, b in idle_stretches(run) if a <= last],
-        "metrics": metrics_of(run.summary),
-        "drawn": {"requests": len(drawn_ids), "of": len(req)},
-    }
-
-
-def idle_stretches(run: PolicyRun) -> list[tuple[float, float]]:
-    """Stretches (ms) with no iteration running, from the workload's start to the run's end (the summary's
-    ``duration``): what ``gpu_idle_s`` sums."""
-    starts, ends = run.iterations.start_ms.to_numpy(), run.iterations.end_ms.to_numpy()
-    end = float(run.summary["duration"]) * 1000.0
-    last = max(end, float(ends[-1]) if len(ends) else 0.0)
-    edges = zip(np.concatenate([[0.0], ends]), np.concatenate([starts, [last]]), strict=True)
-    return [(float(a), float(b)) for a, b in edges if b > a]
-
-
-def _only(run: PolicyRun, ids: list[str]) -> PolicyRun:
-    """``run`` with only the requests ``ids`` (the spans' loop then walks only those)."""
-    if len(ids) == len(run.requests):
-        return run
-    keep = pd.Index(ids)
-    requests = run.requests.loc[keep]
-    batches = run.batches[run.batches.request_id.isin(keep)]
-    return PolicyRun(run.label, run.policy, run.seats, requests, run.iterations, batches, run.summary)
+def page_length(text: str) -> str:
+    """The length spec a page run draws from: ``text``, but a lognormal without ``max=`` (which `ferry run` cuts at
+    2**31 - 1 tokens) is cut at ``MAX_LENGTH``, the page's longest."""
+    spec = parse_length_spec(text)
+    if isinstance(spec, LognormalLength) and spec.max is None:
+        return spec.model_copy(update={"max": MAX_LENGTH}).text()
+    return text

@@ -203,7 +203,9 @@ class LiveEngine:
         self._thread.start()
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Stop the loop after the iteration in progress; requests not ended get ``Output(error="aborted")``."""
+        """Stop the loop after the iteration in progress, waiting at most ``timeout`` seconds for it (0: not at all,
+        as from an event loop); every request not ended, seated, waiting or submitted and not yet taken, gets
+        ``Output(error="aborted")``, and later submissions raise."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
@@ -248,9 +250,17 @@ class LiveEngine:
             self.error = exc
             if self.on_error is not None:
                 self.on_error(exc)
-        finally:  # every request not ended ends now
+        finally:  # every request not ended ends now, those submitted and not yet taken too
+            gone = "aborted" if self.error is None else "engine_error"
             self.state.ended.extend(self._live)
-            self._deliver(sampled=[], gone="aborted" if self.error is None else "engine_error")
+            self._deliver(sampled=[], gone=gone)
+            with self._cond:  # a submission after this raises: the stop (or the error) is set
+                pending, self._submitted = self._submitted, []
+            for handle in pending:
+                try:
+                    handle.loop.call_soon_threadsafe(handle.queue.put_nowait, Output(error=gone))
+                except RuntimeError:  # its loop is closed: nobody is listening any more
+                    pass
 
     def _loop(self) -> None:
         state, executor = self.state, self.executor
