@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -134,21 +134,6 @@ class WorkloadConfig(BaseModel):
                         f"s, past what ferry simulates ({MAX_HORIZON_S:.0e} s, about 32 years); raise --request-rate"
                     )
         return self
-
-
-def check_field(name: str, value: Any, flag: str | None = None) -> Any:
-    """``value`` checked as the run config's field ``name`` alone (its type and range, as ``RunConfig`` checks it),
-    for a command that takes a list of values (``ferry plan --tensor-parallel-size 1,2``); ValueError naming the flag
-    (or field) and the value."""
-    from pydantic import TypeAdapter, ValidationError
-
-    model = next(m for m in (RunConfig, SchedulerConfig, WorkloadConfig) if name in m.model_fields)
-    info = model.model_fields[name]
-    try:
-        return TypeAdapter(Annotated[(info.annotation, *info.metadata)]).validate_python(value)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{flag or name} {show(value)}: {problem}") from None
 
 
 def show(value: Any) -> str:

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from experiments import outputs, user_code, workers
 
@@ -129,7 +129,7 @@ def check_candidates(todo: list[Any], base: Any, args: argparse.Namespace) -> No
     router (the router is checked even when one replica would do). A candidate that is valid but cannot run (the
     model does not fit at that TP, a budget below its seats) is dropped later, with its reason."""
     from costmodel.hardware import load_hardware
-    from experiments.config import RunConfig, check_field
+    from experiments.config import RunConfig
     from experiments.errors import one_line
     from policies.config import BUILTIN_POLICIES
     from policies.routing import router_names
@@ -163,6 +163,23 @@ def check_candidates(todo: list[Any], base: Any, args: argparse.Namespace) -> No
     flags = [args.router, *(c.policy for c in todo)]
     source = str(args.config) if args.config is not None else None
     user_code.admit(named, "plan", source, args.allow_import, [f for f in flags if user_code.is_user_code(f)])
+
+
+def check_field(name: str, value: Any, flag: str | None = None) -> Any:
+    """``value`` checked as the run config's field ``name`` alone (its type and range, as ``RunConfig`` checks it),
+    for a command that takes a list of values (``ferry plan --tensor-parallel-size 1,2``); ValueError naming the flag
+    (or field) and the value."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from experiments.config import RunConfig, SchedulerConfig, WorkloadConfig, show
+
+    model = next(m for m in (RunConfig, SchedulerConfig, WorkloadConfig) if name in m.model_fields)
+    info = model.model_fields[name]
+    try:
+        return TypeAdapter(Annotated[(info.annotation, *info.metadata)]).validate_python(value)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{flag or name} {show(value)}: {problem}") from None
 
 
 def _ratios(text: str | None) -> list[tuple[int, int]]:

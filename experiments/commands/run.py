@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import policies
 from experiments import outputs, user_code
-from experiments.commands.disagg_cli import add_disagg_flags, disagg_overrides, disagg_rows
+from experiments.commands.disagg_cli import add_disagg_flags, disagg_overrides
 from experiments.config import RunConfig
 from experiments.progress import Progress
 from experiments.simulation import RUN_OUTPUTS, run_simulation, write_outputs
-from policies.config import CHUNKED_ORDERS, ITERATION_LIMITED, WHOLE_BATCHES
+from experiments.summary_table import format_summary
+from policies.config import CHUNKED_ORDERS
 from policies.vllm_defaults import LATEST
 from sim.metrics import overload_notice, parse_goodput
 from sim.workload import FORMATS
@@ -245,184 +245,3 @@ def main(args: argparse.Namespace) -> int:
         print(format_summary(result.summary))
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf"
-        return f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def scheduler_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The header lines that say what the policy ran with: its limits (and whose defaults they are), the KV
-    admission rule and watermark, and how responses reach the client."""
-    cfg = s["config"]
-    sched = cfg["scheduler"]
-    policy = sched["policy"]
-    vllm = s.get("vllm_defaults") or {}
-    applied = set(vllm.get("applied", ()))
-
-    def mark(field: str) -> str:
-        return f" (vLLM {vllm['release']})" if field in applied else ""
-
-    rows: list[tuple[str, Any]] = []
-    if policy in ITERATION_LIMITED:
-        if applied:
-            rows.append(("`vllm serve` defaults", f"{vllm['release']} {vllm['engine']}, {vllm['tier']}"))
-        rows.append(("Max num seqs", f"{sched['max_num_seqs']:,}{mark('max_num_seqs')}"))
-        rows.append(("Max num batched tokens", f"{sched['max_num_batched_tokens']:,}{mark('max_num_batched_tokens')}"))
-        if policy == "chunked":
-            admission = "whole prompt fits" if sched["scheduler_reserve_full_isl"] else "first chunk fits"
-            rows.append(("KV admission", f"{admission}{mark('scheduler_reserve_full_isl')}"))
-            rows.append(("Order of running requests", sched["chunked_order"]))
-    elif policy in WHOLE_BATCHES:
-        rows.append(("Max batch size", sched["max_batch_size"]))
-        if policy == "dynamic":
-            preferred = sched["preferred_batch_sizes"] or [sched["max_batch_size"]]
-            rows.append(
-                ("Max delay (ms) / preferred sizes", f"{sched['max_delay_ms']:g} / {','.join(map(str, preferred))}")
-            )
-    if cfg.get("kv_watermark") is not None:
-        rows.append(("KV watermark", f"{cfg['kv_watermark']:g}{mark('kv_watermark')}"))
-    whole = "whole, when the batch ends" if policy in WHOLE_BATCHES else "whole, at the last token"
-    rows.append(("Responses", "streamed" if cfg["stream"] else whole))
-    return rows
-
-
-def cluster_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
-    """A cluster's header lines: replicas and router, then each replica's share (none for a single replica); a
-    disaggregated run's pools and KV transfers."""
-    if "pools" in s:
-        return disagg_rows(s)
-    if "replicas" not in s:
-        return []
-    cfg = s["config"]
-    rows: list[tuple[str, Any]] = [
-        ("Replicas / router", f"{s['num_replicas']} ({s['num_gpus']} GPUs), {cfg['router']}")
-    ]
-    for r in s["replicas"]:
-        p99 = r["p99_ttft_ms"]
-        rows.append(
-            (
-                f"  replica {r['replica']} ({r.get('hardware', '')} x{r['gpus']})",
-                f"{r['completed']:,} requests, busy {r['utilization']:.0%}, p99 TTFT "
-                f"{'-' if p99 is None else f'{p99:,.0f}'} ms, peak KV {r['peak_kv_usage']:.0%}",
-            )
-        )
-    return rows
-
-
-def _kv_cache(mem: dict[str, Any]) -> str:
-    tokens = mem["num_gpu_blocks"] * mem["block_size"]
-    return (f"{mem['num_gpu_blocks']:,} blocks x {mem['block_size']} = {tokens:,} tokens "
-            f"({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)")  # fmt: skip
-
-
-def _placement(s: dict[str, Any], engine: str) -> str:
-    """What ran where: the model, the device, tensor parallelism and, for a cluster, its replicas and GPUs."""
-    cfg = s["config"]
-    if "pools" in s:  # disaggregated: each pool is described below
-        return f"{s['model']} on {s['hardware']}"
-    replicas, tp = int(s.get("num_replicas", 1)), cfg["tensor_parallel_size"]
-    if replicas == 1:
-        return f"{s['model']} on {s['hardware']}, TP {tp}{engine}"
-    gpus = s.get("num_gpus", replicas * tp)
-    if s.get("replica_groups"):  # each group says its device and TP below
-        return f"{s['model']} on {replicas} replicas ({s['hardware']}), {gpus} GPUs{engine}"
-    device = str(s["hardware"]).rsplit(" x", 1)[0]
-    return f"{s['model']} on {replicas} replicas of {device}, TP {tp} each ({gpus} GPUs){engine}"
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """A readable table of the summary, in sections, like `vllm bench serve` prints."""
-    cfg = s["config"]
-    sched = cfg["scheduler"]
-    mem = s["memory"]
-    groups = s.get("replica_groups")
-    engine = f" ({cfg['engine_overheads']} overheads)" if cfg.get("engine_overheads") else ""
-    replica_rows: list[tuple[str, Any]] = [
-        ("Model / hardware", _placement(s, engine)),
-        ("Policy", sched["policy"]),
-        *scheduler_rows(s),
-        ("Workload", s["workload"]),
-        ("KV cache per replica", _kv_cache(mem)),
-        ("Weights per GPU (GiB)", mem["weight_bytes_per_gpu"] / 2**30),
-    ]
-    if groups:  # each group says its own device and limits
-        replica_rows = [("Model / hardware", f"{s['model']} on {s['hardware']}"), ("Workload", s["workload"])]
-        for k, g in enumerate(groups):
-            gs = g["scheduler"]
-            limits = f", max_num_seqs {gs['max_num_seqs']}, tokens {gs['max_num_batched_tokens']}" \
-                if gs.get("max_num_seqs") else ""  # fmt: skip
-            replica_rows.append((f"Group {k}: {g['count']} x {g['hardware']} tp{g['tensor_parallel_size']}",
-                                 f"{gs['policy']}{limits}; KV {_kv_cache(g['memory'])}"))  # fmt: skip
-    rows: list[tuple[str, Any] | str] = [
-        "ferry run",
-        *replica_rows,
-        ("Engine", f"{s['engine']}, ITL {s['itl_kept']}"),
-        *cluster_rows(s),
-        "Serving",
-        ("Successful requests", s["completed"]),
-        ("Failed (rejected) requests", s["failed"]),
-    ]
-    rows += [(f"  rejected: {k}", v) for k, v in s["rejected_by_reason"].items()]
-    rows += [
-        ("Benchmark duration (s)", s["duration"]),
-        ("Total input tokens", s["total_input_tokens"]),
-        ("Total generated tokens", s["total_output_tokens"]),
-        ("Request throughput (req/s)", s["request_throughput"]),
-        ("Output token throughput (tok/s)", s["output_throughput"]),
-        ("Total token throughput (tok/s)", s["total_token_throughput"]),
-    ]
-    if "request_goodput" in s:
-        rows.append(("Request goodput (req/s)", s["request_goodput"]))
-    for name, title in (
-        ("ttft", "Time to First Token"),
-        ("tpot", "Time per Output Token (excl. 1st)"),
-        ("itl", "Inter-token Latency"),
-        ("e2el", "End-to-end Latency"),
-        ("queueing", "Queueing delay"),
-    ):
-        rows.append(title)
-        rows += [
-            (f"{stat.capitalize()} {name.upper()} (ms)", s[f"{stat}_{name}_ms"])
-            for stat in ("mean", "median", "p90", "p99")
-        ]
-    if not s.get("stream", True):  # what the server made, which the client received only with the whole response
-        rows.append("Server side (when tokens were made)")
-        rows += [
-            (f"{stat.capitalize()} server {name.upper()} (ms)", s[f"{stat}_server_{name}_ms"])
-            for name in ("ttft", "tpot")
-            for stat in ("mean", "median", "p99")
-        ]
-    rows += [
-        "Batching",
-        ("Iterations", s["num_iterations"]),
-        ("Mean batch size (seqs)", s["mean_batch_size"]),
-        ("Mean tokens per iteration", s["mean_tokens_per_iteration"]),
-        ("GPU idle (s)", s["gpu_idle_s"]),
-        ("GPU idle fraction", s["gpu_idle_fraction"]),
-        ("Idle while requests wait (s)", s["idle_while_waiting_s"]),
-        ("Seat utilization", s["seat_utilization"]),
-        ("Held seats (done, waiting for batch)", s["held_seat_fraction"]),
-        ("Peak / mean KV usage", f"{_fmt(s['peak_kv_usage'])} / {_fmt(s['mean_kv_usage'])}"),
-        ("Preemptions", s["total_preemptions"]),
-        ("Recomputed tokens", s["recomputed_tokens"]),
-    ]
-    width, label_width = 60, 36
-    lines = []
-    for row in rows:
-        if isinstance(row, str):
-            lines.append(f"{' ' + row + ' ':=^{width}}")
-        else:
-            label, value = row
-            text = _fmt(value)
-            lines.append(f"{label + ':':<{label_width}}{text:>{max(width - label_width, len(text) + 1)}}")
-    lines.append("=" * width)
-    return "\n".join(lines)
