@@ -68,8 +68,11 @@ def ordered(fn: Callable[[T], R], items: Iterable[T], processes: int) -> list[R]
 
 
 def stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the pool's queued jobs and end its workers now (terminate, then kill one that lingers)."""
-    pool.shutdown(wait=False, cancel_futures=True)
+    """End the pool's workers now (terminate, then kill one that lingers) and cancel its queued jobs.
+
+    The workers go first: the executor's manager thread then finds them gone and takes its broken-pool path, which
+    closes the pipe to the workers. Shut down first, it would instead wait for the queue's feeder thread, which may be
+    stuck writing a large job into a pipe that no worker reads any more (seconds, at the interpreter's exit)."""
     # the executor keeps its worker processes in ``_processes`` (CPython 3.9-3.13; 3.14 has terminate_workers)
     processes = list((getattr(pool, "_processes", None) or {}).values())
     for process in processes:
@@ -80,3 +83,4 @@ def stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join(STOP_WAIT_S)
+    pool.shutdown(wait=False, cancel_futures=True)
