@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             command = getattr(locals().get("args"), "command", None)
             print(f"ferry{' ' + command if command else ''}: interrupted", file=sys.stderr)
+            interrupts.forget_caught()
             return INTERRUPTED
 
 

@@ -30,6 +30,17 @@ def checkpoint() -> None:
         raise KeyboardInterrupt
 
 
+def forget_caught() -> None:
+    """Tell CPython that the ``KeyboardInterrupt`` it saw was handled, so ``python -m`` exits with our status.
+
+    CPython (3.11-3.13, ``Python/pythonrun.c`` ``run_eval_code_obj``) marks an interrupt as unhandled when one ends a
+    string ``exec`` (dataclasses and numba build functions that way while modules import), even if a caller catches it;
+    ``python -m`` then ends the process by SIGINT (status -2) instead of with the status the command returned. Every
+    string ``exec`` clears that mark when it starts, so one that succeeds leaves it cleared.
+    """
+    exec("pass", {})
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     global _seen
     _seen = True

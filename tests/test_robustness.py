@@ -60,6 +60,20 @@ def test_ctrl_c_stops_any_time_with_130_one_line_and_no_summary(tmp_path: Path, 
     assert not (out / "summary.json").exists()
 
 
+def test_an_interrupt_inside_a_string_exec_still_exits_130_under_python_m(tmp_path: Path) -> None:
+    """Ctrl-C while dataclasses or numba run a string ``exec`` (module imports) left CPython's 'unhandled interrupt'
+    mark set, and ``python -m`` ended the process by SIGINT (-2) after the command had printed its line."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\nimport experiments.cli as cli\n"
+        "cli.build_parser = lambda: exec('raise KeyboardInterrupt', {})\nsys.exit(cli.main([]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "ferry: interrupted"
+
+
 def test_an_interrupt_swallowed_by_a_callback_still_stops_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
