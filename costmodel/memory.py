@@ -33,8 +33,14 @@ class MemoryPlan:
     num_gpu_blocks: int  # KV blocks that fit
 
     @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can hold: vLLM's block pool keeps one of ``num_gpu_blocks`` as its null block
+        (``vllm/v1/core/block_pool.py``, ``BlockPool.null_block``), which no request is given."""
+        return self.num_gpu_blocks - 1
+
+    @property
     def max_tokens(self) -> int:
-        """Tokens the KV cache holds, all sequences together."""
+        """Tokens the KV cache holds, all sequences together, as vLLM reports its size (its null block included)."""
         return self.num_gpu_blocks * self.block_size
 
     def describe(self) -> str:

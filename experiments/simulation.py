@@ -111,6 +111,12 @@ def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> t
         fields.setdefault("max_num_seqs", min(vllm.max_num_seqs, fields["max_num_batched_tokens"]))
         if chunked:
             fields.setdefault("scheduler_reserve_full_isl", vllm.scheduler_reserve_full_isl)
+            fields.setdefault("cap_lone_prefill", vllm.cap_lone_prefill)
+            if fields.get("long_prefill_token_threshold_adaptive") and vllm.cap_lone_prefill:
+                raise ValueError(
+                    f"long_prefill_token_threshold_adaptive: vLLM has it from 0.31.0, but --vllm-defaults is "
+                    f"{config.vllm_defaults}; leave it out or give a later release"
+                )
         vllm = dataclasses.replace(vllm, applied=tuple(applied))
     # the other policies keep their limits unset: they do not read them (the memory plan takes the fallbacks)
     update: dict[str, Any] = {"scheduler": policies.SchedulerConfig(**fields)}
@@ -141,7 +147,7 @@ class Replica:
     def new_kv(self, workload: Workload) -> KVCacheManager:
         """A fresh KV cache for one run of ``workload`` on this replica: with prefix caching, one that knows what
         the workload's requests share."""
-        blocks, size, n = self.memory.num_gpu_blocks, self.memory.block_size, len(workload)
+        blocks, size, n = self.memory.usable_blocks, self.memory.block_size, len(workload)
         watermark = self.config.kv_watermark or 0.0
         if not self.config.enable_prefix_caching:
             return KVCacheManager(blocks, size, n, watermark=watermark)

@@ -239,6 +239,9 @@ def admit_waiting(
         req = state.waiting[0]
         hits = unreferenced = 0
         if cache is not None:  # its prefix found in the cache is not computed again (vLLM's get_computed_blocks)
+            if batch.ids:  # blocks this step fills are cached when scheduled, as vLLM's allocate_slots caches them
+                ids = np.asarray(batch.ids, dtype=np.int64)
+                cache.computed(ids, reqs.computed[ids] + np.asarray(batch.num_new, dtype=np.int64))
             hits, unreferenced = cache.lookup(req, int(reqs.total_tokens(req)))
         # with disaggregation, the KV a prefill replica computed and sent is not computed again either
         cached = hits * kv.block_size if sent is None else sent.found(req)

@@ -7,7 +7,10 @@ chunk; when a request's KV does not fit, the last running request is preempted b
 preempted, waiting requests are admitted FCFS with a first chunk cut to the budget left. A waiting request is
 admitted only if its whole prompt would fit in the free KV cache (``scheduler_reserve_full_isl``, vLLM's default since
 it was added); without it, only its first chunk must fit (older V1 releases), which admits more requests under KV
-pressure and preempts far more often. ``long_prefill_token_threshold`` (if > 0) caps any one request's chunk.
+pressure and preempts far more often. ``long_prefill_token_threshold`` (if > 0) caps any one request's chunk, but
+from vLLM 0.31.0 only while more than one request is running or waiting (a lone request has nobody to starve;
+``cap_lone_prefill`` keeps the older rule), and ``long_prefill_token_threshold_adaptive`` floors the cap at the
+budget divided by those requests (``prefill_cap``).
 
 ``order="decodes-first"`` is Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024, section 4.2): every
 running decode first, then the unfinished prefills, then new requests. It is also the order the docstring of vLLM
@@ -46,6 +49,8 @@ class ChunkedPrefill:
         reservation: str = "paged",
         full_prompt: bool = True,
         order: str = "vllm",
+        adaptive: bool = False,
+        cap_lone_prefill: bool = False,
     ) -> None:
         if order not in CHUNKED_ORDERS:
             raise ValueError(f"order={order!r}: choose one of {', '.join(CHUNKED_ORDERS)}")
@@ -54,8 +59,9 @@ class ChunkedPrefill:
         self.reservation = reservation
         self.full_prompt = full_prompt  # admission needs room for the whole prompt, not just its first chunk
         self.order = order
-        # tokens one request may prefill per iteration
-        self.chunk_cap = long_prefill_token_threshold if long_prefill_token_threshold > 0 else max_num_batched_tokens
+        self.threshold = long_prefill_token_threshold  # tokens one request may prefill per iteration (0: no cap)
+        self.adaptive = adaptive
+        self.cap_lone_prefill = cap_lone_prefill
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ChunkedPrefill:
@@ -66,6 +72,8 @@ class ChunkedPrefill:
             config.reservation,
             config.scheduler_reserve_full_isl,
             config.chunked_order,
+            config.long_prefill_token_threshold_adaptive,
+            bool(config.cap_lone_prefill),
         )
 
     @property
@@ -78,19 +86,25 @@ class ChunkedPrefill:
         return compiled.schedule_chunked, compiled.params_array(
             self.max_num_seqs,
             self.max_num_batched_tokens,
-            self.chunk_cap,
+            self.threshold,
             RESERVATIONS.index(self.reservation),
             float(self.full_prompt),
             float(CHUNKED_ORDERS.index(self.order)),
+            float(self.adaptive),
+            float(self.cap_lone_prefill),
         )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
         batch = BatchBuilder(self.max_num_batched_tokens)
+        requests = len(state.running) + len(state.waiting)
+        cap = compiled.lone_aware_prefill_cap(
+            self.threshold, self.adaptive, self.cap_lone_prefill, self.max_num_batched_tokens, requests
+        )
         if self.order == "vllm":
-            schedule_running(state, batch, self.chunk_cap)
+            schedule_running(state, batch, cap)
         else:
             schedule_decodes(state, batch)
-            schedule_partial_prefills(state, batch, self.chunk_cap)
+            schedule_partial_prefills(state, batch, cap)
         if not batch.preempted:  # as vLLM: no new admissions in a step that had to preempt
-            admit_waiting(state, batch, self.max_num_seqs, self.chunk_cap, self.reservation, self.full_prompt)
+            admit_waiting(state, batch, self.max_num_seqs, cap, self.reservation, self.full_prompt)
         return batch.build() or Wait()

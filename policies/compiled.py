@@ -315,7 +315,8 @@ def schedule_continuous(
 def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
     """``policies.chunked.ChunkedPrefill``."""
     batch_start(sc)
-    max_seqs, budget, cap = int(params[0]), int(params[1]), int(params[2])
+    max_seqs, budget = int(params[0]), int(params[1])
+    cap = prefill_cap(int(params[2]), params[6] > 0, params[7] > 0, budget, sc[R_LEN] + sc[W_LEN])
     if params[5] == 0:
         budget, preempted = schedule_running(ri, wk, sc, budget, cap)
     else:
@@ -325,6 +326,21 @@ def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, p
     if not preempted:
         admit_waiting(ri, wk, sc, budget, max_seqs, cap, int(params[3]), params[4] > 0)
     return math.inf
+
+
+def lone_aware_prefill_cap(threshold: int, adaptive: bool, cap_alone: bool, budget: int, requests: int) -> int:
+    """Tokens one request may prefill this iteration (``budget``: no cap), as vLLM's ``Scheduler.schedule`` sets its
+    ``long_prefill_token_threshold`` each step (``vllm/v1/core/sched/scheduler.py``, 0.31.0-0.32.0): no cap when
+    ``requests`` (running and waiting) is one, unless ``cap_alone`` (releases before 0.31.0); ``adaptive``: at least
+    ``budget // requests``. Shared by ``policies.chunked`` and its compiled twin."""
+    if threshold <= 0 or (requests <= 1 and not cap_alone):
+        return budget
+    if adaptive:
+        return max(threshold, budget // max(requests, 1))
+    return threshold
+
+
+prefill_cap = njit(cache=True)(lone_aware_prefill_cap)
 
 
 def params_array(*values: float) -> FloatArray:

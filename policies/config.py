@@ -20,6 +20,8 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "max_num_batched_tokens": ("continuous", "chunked"),
     "mix_prefill_decode": ("continuous",),
     "long_prefill_token_threshold": ("chunked",),
+    "long_prefill_token_threshold_adaptive": ("chunked",),
+    "cap_lone_prefill": ("chunked",),
     "scheduler_reserve_full_isl": ("chunked",),
     "chunked_order": ("chunked",),
     "max_batch_size": ("static", "dynamic"),
@@ -69,6 +71,16 @@ class SchedulerConfig(BaseModel):
     )
     mix_prefill_decode: StrictBool = Field(
         False, description="continuous: let prefills and decodes share an iteration (default: prefill-priority)"
+    )
+    long_prefill_token_threshold_adaptive: StrictBool = Field(
+        False,
+        description="chunked: floor long_prefill_token_threshold at max_num_batched_tokens / the requests running "
+        "and waiting (vLLM >= 0.31.0's long_prefill_token_threshold_adaptive)",
+    )
+    cap_lone_prefill: StrictBool | None = Field(
+        None,
+        description="chunked: long_prefill_token_threshold caps a request even when it is the only one running or "
+        "waiting (vLLM before 0.31.0); default: as the --vllm-defaults release does",
     )
     scheduler_reserve_full_isl: StrictBool = Field(
         True,
@@ -121,6 +133,11 @@ class SchedulerConfig(BaseModel):
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
                 f"{self.max_model_len}: without chunked prefill a whole prompt must fit in one iteration "
                 "(raise max_num_batched_tokens, lower max_model_len, or use --policy chunked)"
+            )
+        if self.long_prefill_token_threshold_adaptive and self.long_prefill_token_threshold == 0:
+            raise ValueError(
+                "long_prefill_token_threshold_adaptive=true floors long_prefill_token_threshold, which is 0 (no "
+                "cap): give --long-prefill-token-threshold too"
             )
         if self.policy in ITERATION_LIMITED and self.token_budget < self.seq_limit:
             # vLLM refuses to start: SchedulerConfig.verify_max_model_len (vllm/config/scheduler.py)

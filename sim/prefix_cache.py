@@ -9,16 +9,21 @@ Semantics follow vLLM V1's ``KVCacheManager`` with ``enable_prefix_caching`` (``
   are not computed again (its prefill starts after them), though attention still reads them. At most
   ``num_tokens - 1`` tokens hit, so the last token is always computed and a token sampled
   (``get_computed_blocks``'s ``max_cache_hit_length``);
-- a block a request has computed is cached as soon as it is full; two requests that compute the same block at the
-  same time keep one cached copy and the other's stays private;
-- a freed block stays cached until its room is needed: unreferenced cached blocks are evicted least recently freed
-  first, a request's blocks freed tail first (``free_blocks`` puts them on the free queue in reverse order), so a
-  common prefix outlives the suffixes that hung from it. A block is never evicted while a request references it.
+- a block is cached as soon as a step is scheduled to fill it (``allocate_slots`` caches up to the tokens computed
+  and scheduled), so a request admitted later in the same step already finds it; two requests that compute the
+  same block in one step keep one cached copy and the other's stays private;
+- every full block is cached, a request's own content too: a preempted request finds its own blocks again when it
+  is readmitted, if they are still there;
+- a freed block with nothing cached (a partial block, a second copy) is reused first; a freed cached block stays
+  cached until its room is needed, cached blocks evicted least recently freed first, a request's blocks freed tail
+  first (``BlockPool.free_blocks`` prepends the uncached ones to the free queue and appends the cached ones, in
+  reverse order), so a common prefix outlives the suffixes that hung from it. A block is never evicted while a
+  request references it.
 
 ferry has no tokens: a request's content is given as *segments* (``sim.workload.prefixes``): ids of token runs that
 requests share (a system prompt, a conversation so far, a Mooncake ``hash_id``). A block's key is the chained hash
 of the segments up to the one holding its last token and its position; a block reaching into a request's own tokens
-(beyond its segments) has no key and is never shared.
+(beyond its segments) gets a key of that request's alone.
 
 Memory: ``used`` counts the distinct blocks some request references (a shared block once); cached blocks nobody
 references are free to take (``free`` counts them) and are evicted as new blocks are needed.
@@ -36,7 +41,9 @@ from sim.kvcache import KVCacheManager
 from sim.workload import Workload
 
 IntArray = npt.NDArray[np.int64]
-NO_KEY = -1  # a block whose content is the request's own: never cached
+NO_KEY = -1  # a block whose content cannot be looked up (not cached)
+_OWN = 0x6F776E  # marks the keys of a request's own blocks
+_MASK = (1 << 63) - 1
 
 
 class PrefixCachingKV(KVCacheManager):
@@ -142,14 +149,15 @@ class PrefixCachingKV(KVCacheManager):
         return True
 
     def _make_room(self, blocks: int) -> None:
-        """Evict cached, unreferenced blocks until ``blocks`` blocks are empty (never cached or evicted)."""
+        """Evict cached, unreferenced blocks until ``blocks`` blocks are empty (nothing cached in them)."""
         empty = self.num_blocks - self.used - len(self.evictable)
         for _ in range(max(0, blocks - empty)):
             self.evictable.popitem(last=False)
             self.evictions += 1
 
     def computed(self, reqs: IntArray, computed: IntArray) -> None:
-        """After an iteration: cache the blocks of ``reqs`` that ``computed`` tokens have filled."""
+        """Cache the blocks of ``reqs`` that ``computed`` tokens fill: when a step is scheduled (the tokens computed
+        and scheduled, before a later admission's lookup) and after it ran (idempotent)."""
         full = computed // self.block_size
         for req, blocks in zip(reqs.tolist(), full.tolist(), strict=True):
             start = int(self.registered[req])
@@ -160,7 +168,7 @@ class PrefixCachingKV(KVCacheManager):
             for j in range(start, min(blocks, len(keys))):
                 k = int(keys[j])
                 if k == NO_KEY or k in self.refcount or k in self.evictable:
-                    continue  # its own content, or a copy another request cached first: stays private
+                    continue  # not to be cached, or a copy another request cached first: stays private
                 self.refcount[k] = 1  # the request's own block becomes the cached one (used is unchanged)
                 refs.append(k)
             self.registered[req] = blocks
@@ -193,8 +201,15 @@ class PrefixCachingKV(KVCacheManager):
 
 
 def block_keys(workload: Workload, block_size: int) -> Callable[[int], IntArray]:
-    """The block keys of a workload's requests (``Prefixes.block_keys``; none for a workload without prefixes)."""
+    """The keys of each full block of a request's prompt and output: its segments' (``Prefixes.block_keys``), then
+    keys of its own for the blocks past them (vLLM caches every full block; only the request itself can find these,
+    when it is readmitted after a preemption)."""
     prefixes = workload.prefixes
-    if prefixes is None:
-        return lambda req: np.empty(0, dtype=np.int64)
-    return lambda req: prefixes.block_keys(req, block_size)
+    total = workload.prompt_tokens + workload.output_tokens
+
+    def keys(req: int) -> IntArray:
+        shared = np.empty(0, dtype=np.int64) if prefixes is None else prefixes.block_keys(req, block_size)
+        own = [hash((_OWN, req, j)) & _MASK for j in range(len(shared), int(total[req]) // block_size)]
+        return np.concatenate([shared, np.asarray(own, dtype=np.int64)])
+
+    return keys

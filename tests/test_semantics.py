@@ -253,8 +253,8 @@ def test_chunked_step_order(order: str) -> None:
       dropped). X's first (and only) token at 3. Y recomputes its 2+2 tokens at t=3 (token 3 at 4), then decodes:
       done at 7.
     - decodes-first: Y's decode first; X's chunk does not fit and X (the last not yet in this batch) is preempted (8
-      tokens dropped). X must wait until its 12 tokens fit (Y holds 5-7 blocks): Y finishes at 6, X prefills 4+4+4
-      from 6 and is done at 9."""
+      tokens dropped). X must wait until its 12 tokens fit (Y holds 5-7 blocks): Y finishes at 6, and X, alone, is
+      not capped (vLLM >= 0.31.0: a lone request has nobody to starve): it prefills 8+4 from 6 and is done at 8."""
     rec = _both(
         [0.0, 0.0],
         [12, 2],
@@ -273,7 +273,7 @@ def test_chunked_step_order(order: str) -> None:
         assert list(f.finish_s) == [3.0, 7.0]
         assert list(f.preemptions) == [0, 1] and list(f.recomputed_tokens) == [0, 3]
     else:
-        assert list(f.finish_s) == [9.0, 6.0]
+        assert list(f.finish_s) == [8.0, 6.0]
         assert list(f.preemptions) == [1, 0] and list(f.recomputed_tokens) == [8, 0]
 
 
@@ -338,3 +338,64 @@ def test_run_summary_reports_the_resolved_semantics() -> None:
     assert s["config"]["scheduler"]["max_num_seqs"] == 1024 and s["config"]["kv_watermark"] == 0.0
     d = engine_defaults("0.33.0", "chunked", 80, "h100-sxm", 8192)
     assert dataclasses.astuple(d)[3:5] == (8192, 1024)
+
+
+# ---- vLLM rules found by running its scheduler (tests/test_vllm_conformance.py) ---------------------------------
+
+
+@pytest.mark.parametrize("cap_alone", [False, True])
+def test_a_lone_request_is_not_cut_to_the_threshold(cap_alone: bool) -> None:
+    """vLLM ``vllm/v1/core/sched/scheduler.py`` (0.31.0 on): ``long_prefill_token_threshold`` applies only while more
+    than one request is running or waiting; before 0.31.0 (``cap_lone_prefill``) it cut every chunk.
+
+    Budget 8, threshold 2, 1 s per iteration. A (prompt 8, 1 output) arrives alone at 0, B (prompt 4, 1 output) at 5.
+    - 0.31+: A prefills its 8 at once (first token at 1); B, alone at 5, its 4 (done at 6).
+    - before: A takes 2 a step (done at 4); B 2+2 (done at 7)."""
+    rec = _both([0.0, 5.0], [8, 4], [1, 1], policy="chunked", max_num_batched_tokens=8, max_num_seqs=4,
+                long_prefill_token_threshold=2, max_model_len=64, cap_lone_prefill=cap_alone)  # fmt: skip
+    f = request_frame(rec)
+    assert list(f.finish_s) == ([4.0, 7.0] if cap_alone else [1.0, 6.0])
+
+
+def test_the_adaptive_threshold_is_floored_at_a_fair_share_of_the_budget() -> None:
+    """vLLM 0.31.0's ``long_prefill_token_threshold_adaptive``: the cap is at least ``max_num_batched_tokens //
+    (running + waiting)``. Budget 12, threshold 2: A and B (prompts 12, 1 output) at 0 take 6 each (12 // 2), so both
+    finish at 2; without the floor, 2 each a step (done at 6)."""
+    common = dict(policy="chunked", max_num_batched_tokens=12, max_num_seqs=4, long_prefill_token_threshold=2,
+                  max_model_len=64)  # fmt: skip
+    adaptive = request_frame(_both([0.0, 0.0], [12, 12], [1, 1], long_prefill_token_threshold_adaptive=True, **common))
+    plain = request_frame(_both([0.0, 0.0], [12, 12], [1, 1], **common))
+    assert list(adaptive.finish_s) == [2.0, 2.0] and list(plain.finish_s) == [6.0, 6.0]
+
+
+def test_the_adaptive_threshold_needs_a_threshold_and_vllm_0_31() -> None:
+    with pytest.raises(ValueError, match="long_prefill_token_threshold_adaptive=true floors"):
+        SchedulerConfig(policy="chunked", long_prefill_token_threshold_adaptive=True)
+    config = RunConfig.model_validate(
+        {
+            "policy": "chunked",
+            "long_prefill_token_threshold": 64,
+            "num_prompts": 2,
+            "long_prefill_token_threshold_adaptive": True,
+            "vllm_defaults": "0.30.0",
+        }  # fmt: skip
+    )
+    with pytest.raises(ValueError, match="vLLM has it from 0.31.0"):
+        build_replica(config)
+    assert not build_replica(config.model_copy(update={"vllm_defaults": "0.31.0"})).config.scheduler.cap_lone_prefill
+    older = config.model_copy(update={"vllm_defaults": "0.30.0", "scheduler": config.scheduler.model_copy(
+        update={"long_prefill_token_threshold_adaptive": False})})  # fmt: skip
+    assert build_replica(older).config.scheduler.cap_lone_prefill  # 0.30: the threshold cuts a lone request too
+
+
+def test_the_null_block_is_not_given_to_requests() -> None:
+    """vLLM's ``BlockPool`` keeps one of ``num_gpu_blocks`` as its null block (``vllm/v1/core/block_pool.py``): a cache
+    of N blocks holds N - 1 blocks of requests. With ``num_gpu_blocks_override=4`` and blocks of 16 tokens, a request of
+    64 tokens is refused (it would need all 4) and one of 48 runs."""
+    base = {"policy": "chunked", "num_gpu_blocks_override": 4, "block_size": 16, "max_model_len": 64, "num_prompts": 1,
+            "output_len": 1, "record_batches": False}  # fmt: skip
+    refused = run_simulation(RunConfig.model_validate(base | {"input_len": 63}))
+    runs = run_simulation(RunConfig.model_validate(base | {"input_len": 47}))
+    assert refused.summary["completed"] == 0 and refused.summary["rejected_by_reason"] == {"exceeds_kv_cache": 1}
+    assert runs.summary["completed"] == 1
+    assert runs.memory.usable_blocks == 3 and runs.memory.max_tokens == 64  # vLLM reports the pool's size

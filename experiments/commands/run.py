@@ -107,6 +107,12 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
     g.add_argument("--long-prefill-token-threshold", type=int, default=S, help="chunked: max chunk per request")
     g.add_argument(
+        "--long-prefill-token-threshold-adaptive",
+        action="store_true",
+        default=S,
+        help="chunked: floor the threshold at the budget / requests running and waiting (vLLM >= 0.31)",
+    )
+    g.add_argument(
         "--scheduler-reserve-full-isl",
         action=argparse.BooleanOptionalAction,
         default=S,

@@ -171,7 +171,7 @@ def serve(
 
     policy = policies.get(sched)
     kv = KVCacheManager(
-        replica.memory.num_gpu_blocks, replica.memory.block_size, 0, watermark=config.kv_watermark or 0.0
+        replica.memory.usable_blocks, replica.memory.block_size, 0, watermark=config.kv_watermark or 0.0
     )
     model = Llama.build(config.model, device, dtype, max_len=sched.max_model_len, seed=seed)
     seats = max(sched.seq_limit, sched.max_batch_size)
