@@ -20,7 +20,7 @@ setup-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,calibrate,dask,serve]'
+	$(BIN)/pip install --quiet -e '.[dev,calibrate,dask,serve,measured]'
 	@$(MAKE) --no-print-directory chromium
 	touch $@
 

@@ -40,6 +40,11 @@ LINEAR_OPS: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {
     "embedding": (("emb",), {"embedding": 1}),
 }
 ATTENTION_OPS = {"attention_prefill": "attn_prefill", "attention_decode": "attn_decode"}
+# the kernels each linear row times: Vidur's operators, and the single GEMMs other databases time apart
+LINEAR_KERNELS = {op: kernels for op, (_, kernels) in LINEAR_OPS.items()} | {
+    "mlp_gate_up": {"mlp_gate_up": 1},
+    "mlp_down": {"mlp_down": 1},
+}
 
 COLUMNS = [
     "model",
@@ -237,9 +242,9 @@ def row_shape(op: str, tokens: int, batch: int, chunk: int, ctx: int) -> tuple[I
     """The iteration shape whose kernels a measured row timed, and those kernels with their instances per row."""
     if op == "attention_decode":
         return IterationShape.of(decode=[(batch, ctx)]), {"attention_decode": 1}
-    if op == "attention_prefill":
-        return IterationShape.of(prefill=[(chunk, ctx)]), {"attention_prefill": 1}
-    return IterationShape.of(prefill=[(tokens, 0)]), LINEAR_OPS[op][1]
+    if op == "attention_prefill":  # ``batch`` prompts of ``chunk`` tokens each (Vidur's are one at a time)
+        return IterationShape.of(prefill=[(chunk, ctx)] * max(batch, 1)), {"attention_prefill": 1}
+    return IterationShape.of(prefill=[(tokens, 0)]), LINEAR_KERNELS[op]
 
 
 def predict(df: pd.DataFrame, profiles: dict[str, HardwareProfile] | None = None) -> pd.DataFrame:

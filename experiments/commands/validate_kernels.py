@@ -1,12 +1,18 @@
 """`ferry validate-kernels`: how far ferry's per-operator predictions are from measured GPU kernel times.
 
     ferry validate-kernels --data ../shared/data/vidur-profiling [--model Llama-2-7b] [--json]
+    ferry validate-kernels --aiconfigurator h100_sxm [--framework vllm] [--version V] [--hardware PROFILE] [--json]
 
-Reads Vidur's published operator profiles (per-layer linear operators, norms, RoPE and embedding for several models on
-A100 80GB and H100 SXM; attention on A100), predicts each with ferry's roofline for the same shape (one layer, fp16,
-the measured tensor parallelism, no host overhead), and prints per (model, hardware, operator) the median and 90th
+``--data`` reads Vidur's published operator profiles (per-layer linear operators, norms, RoPE and embedding for
+several models on A100 80GB and H100 SXM; attention on A100), predicts each with ferry's roofline for the same shape
+(one layer, fp16, the measured tensor parallelism, no host overhead), and prints per (model, hardware, operator) the median and 90th
 percentile of |predicted / measured - 1| and the median signed error (> 0: ferry too slow). With a datasheet profile
 these figures are what the calibration issue must bring down.
+
+``--aiconfigurator SYSTEM`` reads NVIDIA's measured kernel database instead (``aiconfigurator-core``, ``pip install
+'ferry[measured]'``; ``costmodel.calibration.aiconfigurator``): the GEMMs and attention kernels of ferry's built-in
+dense models at tensor parallelism 1-8 on that system, bf16, as the ``--framework`` engine (vllm, sglang or trtllm)
+ran them, scored against ``--hardware`` (default: ferry's profile of that GPU). ``--model`` names ferry models here.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from typing import Any
 
 import pandas as pd
 
+from costmodel.calibration.aiconfigurator import FRAMEWORKS, MODELS, SYSTEMS, load_measured, read_tables
 from costmodel.calibration.vidur import errors, load_vidur, predict
+from costmodel.hardware import load_hardware
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +36,16 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", type=Path, required=True, help="Vidur profiling directory (holds compute/)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", type=Path, help="Vidur profiling directory (holds compute/)")
+    source.add_argument(
+        "--aiconfigurator",
+        metavar="SYSTEM",
+        help="a system of NVIDIA's measured kernel database (aiconfigurator-core): " + ", ".join(sorted(SYSTEMS)),
+    )
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="vllm", help="--aiconfigurator: whose kernels")
+    parser.add_argument("--version", help="--aiconfigurator: the engine version's tables (default: the package's)")
+    parser.add_argument("--hardware", help="--aiconfigurator: the profile to score (default: ferry's for the GPU)")
     parser.add_argument(
         "--model",
         action="append",
@@ -49,21 +66,36 @@ def run(data: Path, models: list[str]) -> tuple[pd.DataFrame, list[str]]:
     return errors(predict(df)), skipped
 
 
+def run_database(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
+    """The error table against the measured database, and a line saying what was compared."""
+    tables = read_tables(args.aiconfigurator, args.framework, args.version)
+    profile = load_hardware(args.hardware or SYSTEMS.get(args.aiconfigurator, "") or args.aiconfigurator)
+    rows = load_measured(tables, profile.name, tuple(args.model) or MODELS)
+    source = (f"aiconfigurator-core {args.aiconfigurator} {args.framework} {tables.version} "
+              f"(bf16, one layer on one GPU, no host overhead), against profile {profile.name}")  # fmt: skip
+    return errors(predict(rows, {profile.name: profile})), source
+
+
 def handle(args: argparse.Namespace) -> int:
-    table, skipped = run(args.data, args.model)
+    if args.aiconfigurator:
+        table, source = run_database(args)
+        skipped: list[str] = []
+    else:
+        table, skipped = run(args.data, args.model)
+        source = f"{args.data} (Vidur profiles; one layer, fp16, no host overhead)"
     if args.json:
         print(
             json.dumps(
                 {
-                    "data": str(args.data),
-                    "source": "microsoft/vidur profiling data (MLSys 2024), fp16, ms per layer",
+                    "data": str(args.data or args.aiconfigurator),
+                    "source": source,
                     "results": table.to_dict(orient="records"),
                     "skipped": skipped,
                 }
             )
         )
         return 0
-    print(f"ferry vs measured kernel times in {args.data} (Vidur profiles; one layer, fp16, no host overhead)")
+    print(f"ferry vs measured kernel times in {source}")
     print(f"{'model':<42} {'hardware':<9} {'op':<18} {'n':>5} {'median |err|':>12} {'p90 |err|':>10} {'bias':>7}")
     for row in table.itertuples(index=False):
         print(
