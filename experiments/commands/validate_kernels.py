@@ -5,9 +5,9 @@
 
 ``--data`` reads Vidur's published operator profiles (per-layer linear operators, norms, RoPE and embedding for
 several models on A100 80GB and H100 SXM; attention on A100), predicts each with ferry's roofline for the same shape
-(one layer, fp16, the measured tensor parallelism, no host overhead), and prints per (model, hardware, operator) the median and 90th
-percentile of |predicted / measured - 1| and the median signed error (> 0: ferry too slow). With a datasheet profile
-these figures are what the calibration issue must bring down.
+(one layer, fp16, the measured tensor parallelism, no host overhead), and prints per (model, hardware, operator) the
+median and 90th percentile of |predicted / measured - 1| and the median signed error (> 0: ferry too slow). With a
+datasheet profile these figures are what calibration must bring down.
 
 ``--aiconfigurator SYSTEM`` reads NVIDIA's measured kernel database instead (``aiconfigurator-core``, ``pip install
 'ferry[measured]'``; ``costmodel.calibration.aiconfigurator``): the GEMMs and attention kernels of ferry's built-in
