@@ -171,6 +171,22 @@ class HardwareProfile(_Strict):
                 raise ValueError(f"a calibrated profile needs provenance.{', provenance.'.join(absent)}")
         return self
 
+    def origin(self) -> str:
+        """Where the numbers come from, in a line: measured (by what, with the held-out error) or datasheet rates with
+        how many numbers are assumptions."""
+        sources = _sources(self.model_dump())
+        assumed = sum(source == ASSUMPTION for _, source in sources)
+        if self.kind == "datasheet":
+            return f"datasheet rates; {assumed} of {len(sources)} numbers (efficiencies, overheads) assumed"
+        p = self.provenance
+        fitted = sum(source == MEASURED for _, source in sources)
+        what = (p.software or {}).get("source") or p.device or "measurements"
+        line = f"calibrated: {fitted} numbers fitted to {what}"
+        if p.held_out_error:
+            errs = ", ".join(f"{k} {v['median']:.0%}" for k, v in p.held_out_error.items() if "median" in v)
+            line += f" (held-out median error {errs})"
+        return line + (f"; {assumed} assumed" if assumed else "")
+
     # ----------------------------------------------------------------------------------------------------------------
     # the rates the cost model uses (SI units)
 

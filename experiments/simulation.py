@@ -174,6 +174,8 @@ class Replica:
             summary = summarize(records, self.config.goodput)
         summary["model"] = self.model.name
         summary["hardware"] = hardware or self.hardware.name
+        summary["hardware_profile"] = {"name": self.hardware.name, "kind": self.hardware.kind,
+                                       "origin": self.hardware.origin()}  # fmt: skip
         summary["workload"] = workload.source
         summary["memory"] = memory_summary(self.memory)
         if self.vllm is not None:

@@ -112,6 +112,7 @@ def format_summary(s: dict[str, Any]) -> str:
     engine = f" ({cfg['engine_overheads']} overheads)" if cfg.get("engine_overheads") else ""
     replica_rows: list[tuple[str, Any]] = [
         ("Model / hardware", _placement(s, engine)),
+        *([("Profile numbers", s["hardware_profile"]["origin"])] if "hardware_profile" in s else []),
         ("Policy", sched["policy"]),
         *scheduler_rows(s),
         ("Workload", s["workload"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -209,6 +210,20 @@ def test_header_names_the_vllm_defaults_and_the_delivery(tmp_path: Path, capsys:
     assert summary["mean_server_tpot_ms"] > 0
     requests = pd.read_csv(tmp_path / "requests.csv")
     assert (requests.ttft_s == requests.e2el_s).all()
+
+
+def test_the_header_says_where_the_profiles_numbers_come_from(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert ferry("run", *SMALL, "--hardware", "a100-80g", "--out", str(tmp_path / "a")) == 0
+    printed = capsys.readouterr().out
+    assert re.search(
+        r"Profile numbers: +datasheet rates; \d+ of \d+ numbers \(efficiencies, overheads\) assumed", printed
+    )
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["hardware_profile"]["kind"] == "datasheet"
+    assert ferry("run", *SMALL, "--hardware", "a100-80g.vidur", "--out", str(tmp_path / "b")) == 0
+    printed = capsys.readouterr().out
+    assert "Profile numbers:" in printed and "calibrated: " in printed and "fitted to microsoft/vidur" in printed
+    assert "held-out median error gemm" in printed
 
 
 def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> None:
