@@ -211,13 +211,21 @@ def test_a_stop_signal_ends_open_streams_with_the_error_event(sig: signal.Signal
         async def whole(client: httpx.AsyncClient) -> None:
             wholes.append(await client.post(f"{url}/completions", json={"prompt": [5], "max_tokens": 200}))
 
+        async def held(client: httpx.AsyncClient, base: str) -> int:
+            """Requests the server holds (running and waiting), from its /metrics: on a busy machine the last
+            requests can still be on their way when the first stream's tokens flow."""
+            text = (await client.get(f"{base}/metrics")).text
+            gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            return sum(int(float(line.split()[-1])) for line in text.splitlines() if line.startswith(gauges))
+
         async def scenario() -> None:
             async with httpx.AsyncClient(timeout=60) as client:
                 tasks = [asyncio.create_task(stream(client, events)) for events in streams]
                 tasks.append(asyncio.create_task(whole(client)))
                 deadline = time.monotonic() + 60
-                while not any(streams):  # tokens flow
-                    assert time.monotonic() < deadline, "no stream started"
+                base = url.removesuffix("/v1")
+                while not any(streams) or await held(client, base) < 4:  # tokens flow, and all four are in
+                    assert time.monotonic() < deadline, "no stream started, or the server did not get all four"
                     await asyncio.sleep(0.02)
                 proc.send_signal(sig)
                 await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
