@@ -132,6 +132,25 @@ def test_fit_respects_a_known_peak() -> None:
     assert fitted["gemm"].compute.per_unit_s >= 1 / peak * (1 - 1e-12)
 
 
+def test_frozen_parameters_keep_the_prior_and_the_rest_still_fit() -> None:
+    """A parameter named in ``frozen`` stays at the prior's value (whole iterations of one model cannot tell it from
+    the host overheads); the others are fitted around it: from the true curves with one value frozen at its truth,
+    the rest come back exactly."""
+    rows = [r[0] for r in _kernel_rows()]
+    measured = Flat(rows).predict(TRUE)
+    prior = {c: ClassFit(Side(1 / 100e9, 0.0), Side(1 / 10e9, 0.0)) for c in OP_CLASSES}
+    prior["gemm"] = ClassFit(Side(1 / 100e9, TRUE["gemm"].compute.fixed_s), Side(1 / 10e9, 0.0))
+    fitted, _ = fit_classes(rows, measured, prior, frozen=frozenset({("gemm", "compute", "h")}))
+    assert fitted["gemm"].compute.fixed_s == prior["gemm"].compute.fixed_s
+    assert 1 / fitted["gemm"].compute.per_unit_s == pytest.approx(50e9, rel=1e-4)
+    assert np.abs(Flat(rows).predict(fitted) / measured - 1).max() < 1e-6
+    # frozen at a wrong value, that value is kept and the fit is worse, not silently moved
+    prior["gemm"] = ClassFit(Side(1 / 100e9, 0.0), Side(1 / 10e9, 0.0))
+    wrong, _ = fit_classes(rows, measured, prior, frozen=frozenset({("gemm", "compute", "h")}))
+    assert wrong["gemm"].compute.fixed_s == 0.0
+    assert np.abs(Flat(rows).predict(wrong) / measured - 1).max() > 1e-3
+
+
 def iteration_shape(b: int, ctx: int) -> IterationShape:
     """b decodes at ctx, with a 64-token prompt alongside when b is odd."""
     return IterationShape.of(decode=[(b, ctx)], prefill=[(64, 0)] if b % 2 else None)

@@ -250,6 +250,7 @@ def fit_classes(
     loss: str = "l2",
     extra: FloatArray | None = None,
     weight: FloatArray | None = None,
+    frozen: frozenset[tuple[str, str, str]] = frozenset(),
 ) -> tuple[dict[str, ClassFit], FloatArray]:
     """Per-class (a, h) on both sides minimising sum((predicted / measured - 1)^2) over ``rows`` (``loss="l1"``:
     sum |predicted / measured - 1|, which favours the typical row over the odd one out, as a median does).
@@ -259,7 +260,9 @@ def fit_classes(
     Returns the curves and those seconds per unit. ``weight`` (per row, default 1) scales each row's error.
 
     ``prior`` gives every class's starting curves (and the curves of a side no row is bound by, which stay as they
-    are). ``min_per_unit[(class, side)]`` bounds a from below: 1 / peak keeps ``max <= 1`` against a known peak."""
+    are). ``min_per_unit[(class, side)]`` bounds a from below: 1 / peak keeps ``max <= 1`` against a known peak.
+    ``frozen`` names parameters ``(class, side, "a" | "h")`` kept at the prior's value: those the rows cannot tell
+    from the ``extra`` overheads (whole iterations of one model: see ``costmodel.calibration.profile``)."""
     measured = np.asarray(measured, dtype=np.float64)
     if len(rows) != len(measured) or not len(rows):
         raise ValueError(f"need as many measured times as rows, and some rows (got {len(rows)} and {len(measured)})")
@@ -289,7 +292,7 @@ def fit_classes(
         for _ in range(IRLS_ROUNDS if loss == "l1" else 1):
             seen: set[bytes] = set()
             for _ in range(max_rounds):
-                params, coef = _solve(flat, measured, bound, params, bounds, weights, extra)
+                params, coef = _solve(flat, measured, bound, params, bounds, weights, extra, frozen)
                 moved = flat.compute_bound(params)
                 if (moved == bound).all() or moved.tobytes() in seen:  # converged, or cycling
                     break
@@ -343,10 +346,12 @@ def _solve(
     bounds: dict[tuple[str, str], float],
     row_weight: FloatArray | None = None,
     extra: FloatArray | None = None,
+    frozen: frozenset[tuple[str, str, str]] = frozenset(),
 ) -> tuple[dict[str, ClassFit], FloatArray]:
     """One least-squares step: the (a, h) of each (class, side) that has bound terms, the rest kept, and the
     coefficients of the ``extra`` columns (seconds per unit of each feature, rows x features). Rows count with
-    ``row_weight`` (default 1) in the sum of squared relative errors."""
+    ``row_weight`` (default 1) in the sum of squared relative errors; ``frozen`` parameters keep ``params``'s value
+    (their time is taken off the target)."""
     columns: list[FloatArray] = []
     names: list[tuple[str, str, str]] = []
     scale = np.ones(flat.n_rows) if row_weight is None else np.sqrt(row_weight)
@@ -362,9 +367,14 @@ def _solve(
             per_unit = np.bincount(rows, weights=count * size, minlength=flat.n_rows)
             fixed = np.bincount(rows, weights=count, minlength=flat.n_rows)
             low = bounds.get((c, side), 0.0)
+            kept = params[c].side(side)
+            for what, col, value in (("a", per_unit, kept.per_unit_s - low), ("h", fixed, kept.fixed_s)):
+                if (c, side, what) in frozen:
+                    target -= value * col * weight
+                else:
+                    columns.append(col * weight)
+                    names.append((c, side, what))
             target -= low * per_unit * weight  # a = low + a', a' >= 0
-            columns += [per_unit * weight, fixed * weight]
-            names += [(c, side, "a"), (c, side, "h")]
     n_extra = 0 if extra is None else extra.shape[1]
     if extra is not None:
         columns += [extra[:, j] * weight for j in range(n_extra)]
@@ -379,8 +389,8 @@ def _solve(
         sides = {}
         for side in SIDES:
             if (c, side) in found:
-                got = found[(c, side)]
-                sides[side] = Side(bounds.get((c, side), 0.0) + got["a"], got["h"])
+                got, kept, low = found[(c, side)], params[c].side(side), bounds.get((c, side), 0.0)
+                sides[side] = Side(low + got.get("a", kept.per_unit_s - low), got.get("h", kept.fixed_s))
             else:
                 sides[side] = out[c].side(side)
         out[c] = ClassFit(sides["compute"], sides["memory"])

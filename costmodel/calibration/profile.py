@@ -42,6 +42,12 @@ from costmodel.dtypes import PEAK_KEY
 from costmodel.hardware import OP_CLASSES, HardwareProfile, parse_hardware
 
 CLIENT = "client_s"  # the overhead feature of a client's wait for its first token beyond the iteration
+# Parameters that whole iterations of one model cannot separate from the host overheads, kept at the base's value:
+# every kernel's fixed cost (its instances per iteration are constant, or per sequence: per_iteration_s and
+# per_sequence_s have the same columns), and the GEMMs' seconds per byte (their bytes are the weights, the same in
+# every iteration). Fitted freely, a step's host time leaks into them (a CPU server's 3 ms decode step became weights
+# streamed at 0.1% of the bandwidth, and per_iteration_s 0), and the profile then scales that time with the model.
+ONE_MODEL_CONSTANTS = frozenset({(c, s, "h") for c in OP_CLASSES for s in SIDES} | {("gemm", "memory", "a")})
 NON_KERNEL = ("iteration", "bandwidth", "capacity", "launch", "communication")
 # the order in which a series' points are ranked for the held-out split
 _ORDER = ("num_tokens", "batch_size", "chunk", "context", "seqs")
@@ -191,6 +197,7 @@ def fit_profile(
                 parts.setdefault(n, {})[where] = float(v)
     elif joint and fitted_overheads:
         fit_rows = timed & ~held
+        frozen = ONE_MODEL_CONSTANTS if iterations_only else frozenset()
         classes, coef = fit_classes(
             [terms[i] for i in np.flatnonzero(fit_rows)],
             measured[fit_rows],
@@ -199,7 +206,14 @@ def fit_profile(
             loss=loss,
             extra=features[fit_rows],
             weight=weight[fit_rows],
+            frozen=frozen,
         )
+        if frozen:
+            notes.append(
+                f"Whole iterations cannot tell the kernels' fixed costs and the weights' streaming time from the "
+                f"host's time per step: those stay {base.name if base else 'the prior'}'s, and what is constant per "
+                "iteration or per sequence beyond them is fitted as per_iteration_s and per_sequence_s."
+            )
     else:
         fit_rows = kernel & ~held
         classes, _ = fit_classes(
