@@ -12,10 +12,10 @@ iteration of the real executor adds host time, ``per_iteration + per_layer x lay
 Fitting minimises the relative error, sum over rows of (predicted / measured - 1)^2 or of its absolute value, by
 alternation: given the side of its roofline each kernel is on, the prediction is linear in the (a, h) of every (class,
 side) and in any extra per-row terms (host overheads of whole iterations), so the best non-negative values solve a
-non-negative least-squares problem (Lawson and Hanson's active-set method, below; the absolute error by reweighting
-each row by 1 / |its error|); then every kernel moves to the side that is now slower; repeat until none moves. The
-alternation starts from several assignments (the prior profile's, all compute-bound, all memory-bound, split at the
-median intensity), then restarts each class alone from each, and keeps the best.
+non-negative least-squares problem (Lawson and Hanson's active-set method, ``costmodel.calibration.nnls``; the absolute
+error by reweighting each row by 1 / |its error|); then every kernel moves to the side that is now slower; repeat until
+none moves. The alternation starts from several assignments (the prior profile's, all compute-bound, all memory-bound,
+split at the median intensity), then restarts each class alone from each, and keeps the best.
 
 Only numpy: the fit runs anywhere, on measurements taken elsewhere (``ferry calibrate --from-measurements``).
 Errors are reported on held-out rows only (``held_out``: alternate points of each series, never fitted on).
@@ -32,6 +32,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from costmodel.calibration.nnls import nnls
 from costmodel.hardware import OP_CLASSES, HardwareProfile, load_hardware
 from costmodel.model_spec import ModelSpec
 from costmodel.roofline import CostModel, KernelCost
@@ -189,56 +190,6 @@ class Flat:
 
 
 # ---- non-negative least squares ------------------------------------------------------------------------------------
-
-
-def nnls(a: FloatArray, b: FloatArray, guess: npt.NDArray[np.bool_] | None = None) -> FloatArray:
-    """argmin ||a x - b|| subject to x >= 0 (Lawson and Hanson, "Solving Least Squares Problems", 1974, ch. 23).
-
-    Works on the normal equations (a'a x = a'b: a few columns, many rows), with the columns scaled to unit norm first
-    (the fit mixes FLOPs ~1e12 with counts ~1); all-zero columns get 0. ``guess``: columns likely positive (a previous
-    solution's), where the active set starts."""
-    n = a.shape[1]
-    norms = np.linalg.norm(a, axis=0)
-    live = norms > 0
-    x = np.zeros(n)
-    if not live.any():
-        return x
-    scaled = a[:, live] / norms[live]
-    gram, rhs = scaled.T @ scaled, scaled.T @ b
-    k = gram.shape[0]
-    sol = np.zeros(k)
-    passive = np.zeros(k, dtype=bool) if guess is None else guess[live].copy()
-    tol = 1e-10 * max(1.0, float(np.abs(rhs).max(initial=0.0))) * k
-    grow = not passive.any()
-    for _ in range(3 * k + 10):
-        if grow:
-            grad = rhs - gram @ sol
-            if passive.all() or grad[~passive].max() <= tol:
-                break
-            passive[int(np.argmax(np.where(passive, -np.inf, grad)))] = True
-        grow = True
-        while passive.any():
-            trial = np.zeros(k)
-            trial[passive] = np.linalg.solve(*_regularised(gram, rhs, passive))
-            if (trial[passive] > 0).all():
-                sol = trial
-                break
-            blocking = passive & (trial <= 0)
-            step = np.min(sol[blocking] / (sol[blocking] - trial[blocking]))
-            sol = sol + step * (trial - sol)
-            passive &= sol > tol
-            sol[~passive] = 0.0
-    x[live] = sol / norms[live]
-    return x
-
-
-def _regularised(gram: FloatArray, rhs: FloatArray, passive: npt.NDArray[np.bool_]) -> tuple[FloatArray, FloatArray]:
-    """The normal equations on the passive columns, with a tiny ridge so that collinear columns stay solvable."""
-    g = gram[np.ix_(passive, passive)]
-    return g + np.eye(len(g)) * 1e-12 * max(1.0, float(np.trace(g))), rhs[passive]
-
-
-# ---- the kernel fit -----------------------------------------------------------------------------------------------
 
 
 def fit_classes(
