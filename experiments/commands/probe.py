@@ -2,7 +2,7 @@
 
     ferry probe --url http://HOST:PORT/v1 --model NAME --out PROFILE.yaml [--base h100-sxm] [--model-config CONFIG]
                 [--budget-s 600] [--timeout 60] [--max-concurrency 64] [--max-requests 1000] [--max-prompt 2048]
-                [--max-num-batched-tokens N]
+                [--max-num-batched-tokens N] [--max-num-seqs N]
 
 Sends designed streamed completions (``experiments.real.probe_design``: single prompts of many lengths, long single
 generations, groups decoding together at several batch sizes, prompts arriving into running decodes), infers each
@@ -12,8 +12,15 @@ held out. Writes ``PROFILE.yaml`` (for ``--hardware``), ``PROFILE.probe.csv`` (e
 experiment, held out, shape, measured and predicted seconds) and ``PROFILE.probe.json`` (the report).
 
 The server must take ``ignore_eos`` (vLLM, SGLang and ``ferry serve`` do) and stream one token per chunk; the prompts
-timed as one iteration must fit in one (its max_num_batched_tokens: give ``--max-num-batched-tokens``, or the server's
-``/models`` card states it, and they are capped to it; else a warning), and nothing else should load it.
+timed as one iteration must fit in one (its max_num_batched_tokens: give ``--max-num-batched-tokens``, or the server
+states it, and they are capped to it; else a warning), the requests sent to decode together must find seats (its
+max_num_seqs: ``--max-num-seqs``, or stated; else a warning), and nothing else should load it. Where a server states
+them (``experiments.real.limits``): ``ferry serve`` on its ``/models`` card; ``vllm serve`` only at ``/server_info``,
+with ``VLLM_SERVER_DEV_MODE=1`` (its card and ``/metrics`` do not); they are never guessed.
+
+The fit gives the engine's host time per step (``per_iteration_s``, which ``ferry run`` and ``ferry validate`` add to
+every simulated iteration) and is checked on the token gaps it was fitted on: printed, and a warning (in the report's
+``notes``) when it misses them.
 
 It first checks the server: ``/models`` must list ``--model``, and one streamed request must answer as an SSE stream
 of completion chunks; otherwise it stops with one line naming what the server answered (exit 2), before any
@@ -31,8 +38,9 @@ from typing import Any
 from costmodel import load_hardware
 from costmodel.model_spec import load_model
 from experiments.commands.calibrate import write_profile
-from experiments.real.probe import fit_probe, format_report, probe
+from experiments.real.probe import fit_probe, probe
 from experiments.real.probe_design import ProbePlan
+from experiments.real.probe_report import format_report
 
 DEFAULT = ProbePlan()
 
@@ -70,6 +78,13 @@ def register(subparsers: Any) -> None:
         help="the server's per-iteration token budget: caps the prompts timed as one iteration (default: what the "
         "server's /models states, else a warning)",
     )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="the server's seats (requests it runs at once): caps the batches sent (default: what the server states, "
+        "else a warning)",
+    )
     p.add_argument("--max-concurrency", type=int, default=DEFAULT.max_concurrency, help="streams open at once")
     p.add_argument("--max-requests", type=int, default=DEFAULT.max_requests, help="requests sent in all")
     p.add_argument("--max-prompt", type=int, default=DEFAULT.max_prompt, help="longest prompt (tokens)")
@@ -80,7 +95,13 @@ def register(subparsers: Any) -> None:
         default=",".join(map(str, DEFAULT.batch_sizes)),
         help="requests decoding at once, comma-separated (capped by --max-concurrency)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the random prompts (default: a fresh one, kept in the report: a server's prefix cache must not "
+        "hold them from an earlier probe)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=handle)
 
@@ -102,6 +123,7 @@ def handle(args: argparse.Namespace) -> int:
         budget_s=args.budget_s,
         timeout_s=args.timeout,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
     )
     plan.check()
     config = args.model_config or args.model
@@ -136,8 +158,15 @@ def handle(args: argparse.Namespace) -> int:
         "requests": len(run.streams()),
         "stopped": run.stopped or None,
         "max_num_batched_tokens": run.max_num_batched_tokens,
-        "notes": run.notes,
+        "max_num_seqs": run.max_num_seqs,
+        "seed": run.seed,
+        "held_back": run.held_back,
+        "server_limits": run.limits.as_dict(),
+        "notes": run.notes + fitted.notes,
         "client_s": fitted.fit.client_s,
+        "client_busy_s": fitted.busy_s,
+        "client_busy_seqs": fitted.busy_seqs,
+        "host": fitted.host,
         "held_out_error": fitted.errors.to_dict(orient="records"),
     }
     json_path = out.with_name(out.stem + ".probe.json")

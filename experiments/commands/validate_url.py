@@ -15,21 +15,32 @@ list, or another model: one line and exit 2). Every request waits at most ``--ti
 then for each next token (``experiments.real.client.REQUEST_TIMEOUT_S`` by default). When more than half the requests
 failed, nothing is written and the command stops with one line: how many failed and the first reason (exit 2); a few
 failures are kept in ``comparison.json`` (``failed``) and printed above the table.
+
+What the simulation does not model is said beside the table: the request handling before a first token that the
+probe measured (``client_s`` on an idle server and ``client_busy_s`` into running decodes, in the profile's
+settings: ``client_handling_ms``, ``client_busy_handling_ms``; and the TTFTs with it added to the simulated ones,
+``with_handling``: each request's busy or idle handling, as the simulation had other requests in flight at its
+arrival or not), and the scheduler limits the server states (``experiments.real.limits``: a
+``note`` when they differ from the flags the simulation ran with, ``server_limits`` in ``comparison.json``).
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 import policies
 from costmodel import load_hardware
-from experiments.commands.validate import Validation, calibration_setting, compare
 from experiments.config import RunConfig
 from experiments.real import client as C
 from experiments.real.client import Prompts, replay_trace
+from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.measured import blank_server_side, records_of
 from experiments.simulation import build_replica, build_workload
+from experiments.validation import Validation, calibration_setting, compare
 from sim.engine import simulate
 
 
@@ -38,8 +49,10 @@ def validate_url(
     timeout_s: float = C.REQUEST_TIMEOUT_S,
 ) -> Validation:  # fmt: skip
     """Replay ``config``'s workload against ``url`` and simulate it with ``config.hardware``; compare. Each request
-    waits at most ``timeout_s`` seconds for its response, then for each next token. ValueError (one line) when the
-    server does not serve ``served_name`` or more than half the requests failed."""
+    waits at most ``timeout_s`` seconds for its response, then for each next token. The prompts' tokens are drawn
+    from ``seed`` and a fresh seed (``prompt_seed`` in the comparison), new in every run: a prompt the server's
+    prefix cache held from an earlier run would skip its prefill, which the simulation computes. ValueError (one
+    line) when the server does not serve ``served_name`` or more than half the requests failed."""
     url = C.check_url(url)
     timeout_s = C.check_timeout(timeout_s)
     if concurrency is not None and concurrency < 1:
@@ -50,8 +63,9 @@ def validate_url(
     replica = build_replica(config)
     config, cost = replica.config, replica.cost
     workload = build_workload(config)
-    C.check_server(url, served_name, "--served-model-name", min(C.MODELS_TIMEOUT_S, timeout_s))
-    prompts = Prompts(np.random.default_rng(seed))
+    limits = _server_limits(url, served_name, min(C.MODELS_TIMEOUT_S, timeout_s))
+    prompt_seed = [int(seed), C.fresh_seed()]  # a server's prefix cache must not hold them from an earlier run
+    prompts = Prompts(np.random.default_rng(prompt_seed))
     sent = [prompts.make(int(p)) for p in workload.prompt_tokens]
     streams = replay_trace(
         url, served_name, workload.arrival_s, sent, workload.output_tokens, concurrency or 1 << 16, timeout_s
@@ -75,16 +89,115 @@ def validate_url(
     comparison["policy"] = config.scheduler.policy
     comparison["workload"] = workload.source
     comparison["url"] = url
+    comparison["prompt_seed"] = prompt_seed
     client_s = float(calibration_setting(hardware, "client_s") or 0.0)
+    busy_setting = calibration_setting(hardware, "client_busy_s")
+    busy_s = float(busy_setting) if busy_setting is not None else client_s
+    busy_seqs = int(calibration_setting(hardware, "client_busy_seqs") or 1)
     comparison["client_handling_ms"] = 1e3 * client_s
-    if client_s:
-        comparison["note"] = (
-            f"the probe measured {1e3 * client_s:.2f} ms of request handling before a first token, which the "
-            "simulation does not add (its TTFT starts at the iteration)"
+    comparison["client_busy_handling_ms"] = 1e3 * busy_s
+    notes = []
+    if client_s or busy_s:
+        added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy_s, busy_seqs)
+        ttft = simulated.requests.first_token - simulated.requests.arrival
+        comparison["with_handling"] = handled = with_handling(comparison["metrics"], ttft + added)
+        err = handled["median_ttft_ms"]["rel_error"]
+        notes.append(
+            f"the probe measured {1e3 * client_s:.2f} ms of request handling before a first token on an idle "
+            f"server, {1e3 * busy_s:.2f} ms into {busy_seqs} running decodes, which the simulation does not add (its "
+            "TTFT starts at the iteration)"
+            + (f"; with it added, median TTFT {100 * err:+.1f}%" if err is not None else "")
         )
+    comparison["server_limits"] = limits.as_dict()
+    notes += limit_mismatches(limits, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+    if notes:
+        comparison["note"] = "; ".join(notes)
     if errors:
         first = next(iter(errors.items()))
         comparison["failed"] = {"n": len(errors), "first": f"request {first[0]}: {first[1]}"}
+    held = sum(C.held_back(s) for s in streams)
+    comparison["held_back"] = {"n": held, "of": len(streams)}
+    if held:
+        comparison["streamed"] = streamed_only(streams, comparison)
+        note = (
+            f"{held} of {len(streams)} responses came from the server in one burst (tokens held back, then sent at "
+            "once): their gaps are no steps, and the real ITL and TTFT hold them (the others alone: 'streamed')"
+        )
+        comparison["note"] = f"{comparison['note']}; {note}" if "note" in comparison else note
     tokens = [s.prompt_tokens for s in streams if s.prompt_tokens is not None]
     comparison["prompt_tokens_exact"] = int(sum(t == p for t, p in zip(tokens, workload.prompt_tokens, strict=False)))
     return Validation(real, sim, comparison, pd.DataFrame())
+
+
+def _server_limits(url: str, served_name: str, timeout_s: float) -> ServerLimits:
+    """``/models`` must list ``served_name`` (ValueError, one line, otherwise); the limits the server states."""
+
+    async def ask() -> ServerLimits:
+        async with C.new_client(1, timeout_s) as client:
+            card = C.served(await C.models(client, url, timeout_s), served_name, url, "--served-model-name")
+            return await read_limits(client, url, card, min(10.0, timeout_s))
+
+    return asyncio.run(ask())
+
+
+def handling_of(
+    arrival: np.ndarray, finish: np.ndarray, idle_s: float, busy_s: float, busy_seqs: int
+) -> np.ndarray:  # fmt: skip
+    """Per request, the handling a client waits beyond its simulated TTFT (s): ``idle_s`` with nothing else in flight
+    in the simulation at its arrival (arrived, not finished), growing linearly with the requests in flight to
+    ``busy_s`` at ``busy_seqs`` (the probe's measure into that many running decodes) and held there beyond: a server's
+    front end streams every running request's tokens, and a new request's handling waits behind that work. The line
+    between the two measures is an assumption (the probe measures its two ends only)."""
+    a, f = np.sort(arrival), np.sort(finish)
+    in_flight = np.searchsorted(a, arrival, side="right") - 1 - np.searchsorted(f, arrival, side="right")
+    share = np.clip(in_flight / max(busy_seqs, 1), 0.0, 1.0)
+    return idle_s + share * (busy_s - idle_s)
+
+
+def with_handling(metrics: dict[str, Any], handled_s: np.ndarray) -> dict[str, Any]:
+    """The real TTFT rows of ``compare``'s metrics beside the simulated TTFTs with their handling (``handled_s``:
+    seconds, per request), as ms: real, sim and the relative error."""
+    got = handled_s[np.isfinite(handled_s)]
+    out = {}
+    for key, q in (("median_ttft_ms", 50), ("p90_ttft_ms", 90)):
+        real = metrics.get(key, {}).get("real")
+        if not isinstance(real, (int, float)) or not len(got):
+            continue
+        sim = 1e3 * float(np.percentile(got, q))
+        out[key] = {"real": real, "sim": sim, "rel_error": sim / real - 1.0 if real else None}
+    return out
+
+
+def streamed_only(streams: list[C.Stream], comparison: dict[str, Any]) -> dict[str, Any]:
+    """The real median ITL and TTFT (ms) of the responses the server streamed (not held back), beside the
+    simulated ones (TTFT with handling where the comparison has it): which requests the server holds back is not
+    the simulation's business, so all of its requests are the comparator."""
+    ok = [s for s in streams if s.ok and not C.held_back(s)]
+    out: dict[str, Any] = {"n": len(ok)}
+    gaps = np.concatenate([s.gaps_s for s in ok]) if ok else np.zeros(0)
+    sims = {
+        "median_itl_ms": comparison["metrics"]["median_itl_ms"]["sim"],
+        "median_ttft_ms": comparison.get("with_handling", {}).get("median_ttft_ms", {}).get("sim")
+        or comparison["metrics"]["median_ttft_ms"]["sim"],
+    }
+    reals = {
+        "median_itl_ms": 1e3 * float(np.median(gaps)) if len(gaps) else None,
+        "median_ttft_ms": 1e3 * float(np.median([s.ttft_s for s in ok])) if ok else None,
+    }
+    for key, real in reals.items():
+        sim = sims[key]
+        both = real is not None and isinstance(sim, (int, float))
+        out[key] = {"real": real, "sim": sim, "rel_error": sim / real - 1.0 if both and real else None}
+    return out
+
+
+def limit_mismatches(limits: ServerLimits, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> list[str]:
+    """A line for each scheduler limit the server states differently from the simulation's."""
+    out = []
+    for name, simulated in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        told = getattr(limits, name)
+        if told is not None and simulated is not None and told != simulated:
+            out.append(
+                f"the server states {name} {told}, the simulation ran with {simulated} (--{name.replace('_', '-')})"
+            )
+    return out

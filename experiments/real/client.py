@@ -79,6 +79,18 @@ class Stream:
         return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_sent
 
 
+# no server streams a request's tokens faster than this (s per token): a stream whose median gap is below it got its
+# tokens held back by the server (or a starved client) and then all at once, which times no step
+MIN_STEP_S = 1e-4
+
+
+def held_back(s: Stream) -> bool:
+    """Whether ``s`` came in one burst: three tokens or more whose median gap is below ``MIN_STEP_S``. Seen with
+    vLLM 0.32.0 for CPUs on a 2-core machine whose engine busy-waits on the client's cores: the server wrote every
+    token on time, but the client was not scheduled for up to 1.5 s (``experiments/vllm_check/serve_vllm.py``)."""
+    return s.ok and len(s.chunk_s) > 2 and float(np.median(s.gaps_s)) < MIN_STEP_S
+
+
 def check_url(url: str) -> str:
     """``url`` without its trailing slash; ValueError unless it is ``http(s)://HOST[:PORT]/...``."""
     try:
@@ -310,6 +322,11 @@ def new_client(concurrency: int, timeout_s: float) -> Any:
 
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+
+
+def fresh_seed() -> int:
+    """A seed from the operating system's entropy (63 bits): prompts a server has not seen (and cached) before."""
+    return int(np.random.default_rng().integers(1 << 63))
 
 
 class Prompts:

@@ -7,19 +7,26 @@ goes out when the iteration that made it ends), and a prefill as a time to first
   server's handling of a request (parsing, tokenizing, queueing for the next step, the network): fitted as one
   constant, ``client_s``, that every TTFT row pays and no gap does;
 - ``decode`` and ``batch`` experiments give rows of ``WINDOW`` consecutive gaps while the same requests are all
-  decoding (after each one's first decode step, before any finishes): the median gap is the step's time, the
-  contexts are each request's prompt plus the tokens it has made;
+  decoding (after each one's first decode step, before any finishes): the median gap is the step's time (the mean
+  gap where tokens came in bursts, ``BURST``; none below ``MIN_STEP_S``: tokens held back), the contexts are each
+  request's prompt plus the tokens it has made;
 - a ``mixed`` experiment gives the running requests' enlarged gaps up to the injected prompt's first token: each an
-  iteration with the running decodes and an equal share of the prompt.
+  iteration with the running decodes and an equal share of the prompt; its prompts' TTFTs beyond their iterations
+  give the request handling of a busy server (``busy_handling``: ``client_busy_s``).
 The rows are an iteration table (``costmodel.calibration.iterations``) and are fitted the same way as
-``ferry calibrate --from-iterations``, with the held-out experiments' rows scored only.
+``ferry calibrate --from-iterations``, with the held-out experiments' rows scored only: efficiency curves and the
+host overheads, whose ``per_iteration_s`` is the engine's host time per step (``experiments.real.probe_report``
+checks the fit on the gaps it was fitted on).
+
+A request's tokens may reach the client all at once (``client.held_back``: a server that holds them back, or a
+client starved of CPU by a server on the same machine): such a request times nothing. A batch's held-back requests
+still count in its steps; an experiment left with nothing to time is sent again (``HELD_RETRIES`` times).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,13 +40,22 @@ from costmodel.calibration.iterations import check_iterations, to_raw
 from costmodel.calibration.profile import FitResult, fit_profile
 from costmodel.hardware import HardwareProfile
 from costmodel.model_spec import ModelSpec
+from costmodel.roofline import CostModel
+from costmodel.shape import IterationShape
 from experiments.real import client as C
 from experiments.real.client import Prompts
+from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.probe_design import KINDS, Experiment, ProbePlan, design, run_experiment, seeded_prompts
+from experiments.real.probe_report import WARMUP_REQUESTS, host_check, limit_notes
 
 WINDOW = 8  # gaps per decode row (their median is the step's time)
+# tokens that came in bursts: a window whose median gap is below this share of its mean gap (a server's front end
+# behind its engine sends the tokens of several steps back to back), timed by its mean gap (the streams' pace)
+BURST = 0.5
+MIN_STEP_S = C.MIN_STEP_S  # a window or a steady gap below it saw tokens held back, and is dropped
+HELD_RETRIES = 2  # times an experiment whose tokens were held back is sent again
+MERGED = 0.1  # share of a decoding stream's tokens that may come two to a chunk (its gaps are still steps)
 ENLARGED = 1.5  # a gap this many times the steady decode gap holds (part of) an injected prompt
-WARMUP_REQUESTS = 3
 
 
 @dataclass
@@ -55,9 +71,13 @@ class ProbeRun:
     stopped: str = ""  # why the probe stopped early ("" if it ran every experiment)
     notes: list[str] = field(default_factory=list)
     max_num_batched_tokens: int | None = None  # the server's per-iteration token budget the prompts fit, if known
+    max_num_seqs: int | None = None  # the server's seats, which capped the batches sent, if known
+    limits: ServerLimits = field(default_factory=ServerLimits)  # what the server stated of its limits
+    seed: int = 0  # the random prompts' seed
+    held_back: int = 0  # requests whose tokens the server held back and sent at once (their experiment sent again)
 
     def streams(self) -> list[C.Stream]:
-        return [s for e in self.experiments for s in [*e.streams, *([e.injected] if e.injected else [])]]
+        return [s for e in self.experiments for s in [*e.streams, *([e.injected] if e.injected else []), *e.busy]]
 
 
 # ---- sending ---------------------------------------------------------------------------------------------------
@@ -88,19 +108,6 @@ async def _first_checks(
     return card, prompts, text
 
 
-def _budget_note(run: ProbeRun, plan: ProbePlan, told: int | None) -> str | None:
-    """A warning when the server's per-iteration token budget is unknown (or said twice, differently)."""
-    if run.max_num_batched_tokens is None:
-        longest = max(e.inject or e.prompt for e in run.experiments if e.kind in ("ttft", "mixed"))
-        return (
-            "warning: the server's per-iteration token budget is unknown (give --max-num-batched-tokens): a prompt "
-            f"above it is chunked by the server but timed here as one iteration; prompts go up to {longest} tokens"
-        )
-    if told is not None and plan.max_num_batched_tokens is not None and told != plan.max_num_batched_tokens:
-        return f"note: --max-num-batched-tokens {plan.max_num_batched_tokens} kept, where the server says {told}"
-    return None
-
-
 async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable[[str], None]) -> ProbeRun:
     origin = time.perf_counter()
     deadline = origin + plan.budget_s
@@ -109,35 +116,53 @@ async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable
         try:
             async with asyncio.timeout(plan.budget_s):
                 card, prompts, text = await _first_checks(client, url, model, plan, seed, origin, stage, log)
+                stage[0] = "the server's limits (/server_info, /metrics)"
+                limits = await read_limits(client, url, card, min(10.0, plan.timeout_s))
         except TimeoutError:
             raise ValueError(
                 f"{url}: --budget-s {plan.budget_s:g} spent before the probe's first checks ended (at {stage[0]})"
             ) from None
-        max_len, told = C.card_int(card, "max_model_len"), C.card_int(card, "max_num_batched_tokens")
-        budget = plan.max_num_batched_tokens or told
-        run = ProbeRun(url, model, max_len, text, design(plan, max_len, budget), max_num_batched_tokens=budget)
-        if note := _budget_note(run, plan, told):
+        max_len = C.card_int(card, "max_model_len")
+        budget = plan.max_num_batched_tokens or limits.max_num_batched_tokens
+        seats = plan.max_num_seqs or limits.max_num_seqs
+        experiments = design(plan, max_len, budget, seats)
+        run = ProbeRun(url, model, max_len, text, experiments, max_num_batched_tokens=budget, max_num_seqs=seats,
+                       limits=limits, seed=seed)  # fmt: skip
+        for note in limit_notes(run, plan):
             log(note)
             run.notes.append(note)
         sent = WARMUP_REQUESTS
         for e in run.experiments:
-            need = e.requests * (plan.repeats if e.kind == "ttft" else 1) + (e.kind == "mixed")
-            if sent + need > plan.max_requests:
-                run.stopped = f"--max-requests {plan.max_requests} reached"
+            need = e.requests_needed(plan.repeats)
+            for attempt in range(1 + HELD_RETRIES):
+                if sent + need > plan.max_requests:
+                    run.stopped = f"--max-requests {plan.max_requests} reached"
+                    break
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    run.stopped = f"--budget-s {plan.budget_s:g} spent"
+                    break
+                if attempt:  # the server held the tokens back: send the experiment again, afresh
+                    e.streams, e.injected, e.busy = [], None, []
+                job = run_experiment(e, client, url, model, prompts, plan.repeats, origin, timeout_s=plan.timeout_s)
+                try:
+                    await asyncio.wait_for(job, left)
+                except TimeoutError:
+                    run.stopped = f"--budget-s {plan.budget_s:g} spent (during {e.label})"
+                    break
+                sent += e.sent()
+                bad = [s.error for s in e.streams if s.error]
+                held = held_back(e)
+                log(
+                    f"{e.label}: {len(e.streams)} requests"
+                    + (f", {len(bad)} failed: {bad[0]}" if bad else "")
+                    + (f", {held} held back by the server and sent at once" if held else "")
+                )
+                run.held_back += held
+                if not spoiled(e):
+                    break
+            if run.stopped:
                 break
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                run.stopped = f"--budget-s {plan.budget_s:g} spent"
-                break
-            job = run_experiment(e, client, url, model, prompts, plan.repeats, origin, timeout_s=plan.timeout_s)
-            try:
-                await asyncio.wait_for(job, left)
-            except TimeoutError:
-                run.stopped = f"--budget-s {plan.budget_s:g} spent (during {e.label})"
-                break
-            sent += e.sent()
-            bad = [s.error for s in e.streams if s.error]
-            log(f"{e.label}: {len(e.streams)} requests" + (f", {len(bad)} failed: {bad[0]}" if bad else ""))
             if bad and len(bad) == len(e.streams) and not any(b.startswith("HTTP 4") for b in bad):
                 run.stopped = f"every request of {e.label} failed ({bad[0]})"  # not these requests: the server
                 break
@@ -145,10 +170,16 @@ async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable
     return run
 
 
-def probe(url: str, model: str, plan: ProbePlan, seed: int = 0, log: Callable[[str], None] = print) -> ProbeRun:
+def probe(
+    url: str, model: str, plan: ProbePlan, seed: int | None = None, log: Callable[[str], None] = print
+) -> ProbeRun:
     """Run the probe against ``url`` (``http://HOST:PORT/v1``) serving ``model``; returns what it saw. Ends by
-    ``plan.budget_s`` seconds (wall clock); ValueError, one line, when the server is not one it can probe."""
+    ``plan.budget_s`` seconds (wall clock); ValueError, one line, when the server is not one it can probe.
+    ``seed`` draws the prompts; None: a fresh one (``ProbeRun.seed``), so that a second probe of a server does not
+    send prompts its prefix cache holds (vLLM caches by default: a cached prompt's prefill is not computed again,
+    and its TTFT would time nothing of it)."""
     plan.check()
+    seed = C.fresh_seed() if seed is None else seed
     return asyncio.run(_probe(C.check_url(url), model, plan, seed, log))
 
 
@@ -165,27 +196,55 @@ def _row(duration: float, decode_ctx: list[float], chunks: list[tuple[int, int]]
     }
 
 
+def held_back(e: Experiment) -> int:
+    """How many of a decode, batch or mixed experiment's requests the server held back (``client.held_back``)."""
+    return 0 if e.kind == "ttft" else sum(C.held_back(s) for s in e.streams)
+
+
+def spoiled(e: Experiment) -> bool:
+    """Whether held-back requests leave ``e`` nothing to time: every request of a decode or batch experiment (the
+    others time the steps), any of a mixed one (its prompt's iterations are read from every running request)."""
+    held = held_back(e)
+    return held > 0 and (e.kind == "mixed" or held == len(e.streams))
+
+
+def _few_merged(s: C.Stream) -> bool:
+    """Whether ``s`` has one token per chunk but for at most ``MERGED`` of its tokens: a chunk that carries two
+    (a server's front end that fell behind its engine) spans two steps, which a window's median gap shrugs off."""
+    return not s.coalesced or (s.completion_tokens or 0) - len(s.chunk_s) <= MERGED * len(s.chunk_s)
+
+
 def decode_rows(streams: list[C.Stream]) -> list[dict[str, Any]]:
-    """Rows of ``WINDOW`` gaps while every stream is decoding together (see the module docstring)."""
-    good = [s for s in streams if s.ok and not s.coalesced and len(s.chunk_s) > 2]
-    if not good or len(good) < len(streams):
+    """Rows of ``WINDOW`` gaps while every stream is decoding together (see the module docstring). A stream the
+    server held back (``client.held_back``) decoded in the same steps but times none of them: it counts in each
+    step's batch (its context as far along as the others') and its gaps are left out."""
+    good = [s for s in streams if s.ok and len(s.chunk_s) > 2 and _few_merged(s)]
+    timing = [s for s in good if not C.held_back(s)]
+    if not timing or len(good) < len(streams):
         return []
-    lo = max(s.chunk_s[1] for s in good)  # every stream has taken a decode step
-    hi = min(s.chunk_s[-1] for s in good)  # none has finished
+    lo = max(s.chunk_s[1] for s in timing)  # every stream has taken a decode step
+    hi = min(s.chunk_s[-1] for s in timing)  # none has finished
     per_stream = []
-    for s in good:
+    for s in timing:
         t = np.asarray(s.chunk_s)
         k = np.flatnonzero((t[:-1] >= lo) & (t[1:] <= hi))
         per_stream.append((s, k))
     n = min(len(k) for _, k in per_stream)
+    held = [s for s in good if C.held_back(s)]
     rows = []
     for start in range(0, n - WINDOW + 1, WINDOW):
-        gaps, ctx = [], []
+        gaps, ctx, pace = [], [], []
         for s, k in per_stream:
             idx = k[start : start + WINDOW]
             gaps.extend(s.gaps_s[idx].tolist())
+            pace.append(float(s.gaps_s[idx].mean()))
             ctx.append(s.tokens + float(idx.mean()))
-        rows.append(_row(float(np.median(gaps)), ctx, [], 0))
+        made = float(np.mean(ctx) - np.mean([s.tokens for s in timing]))  # tokens each has made by then
+        ctx += [s.tokens + made for s in held]
+        step, mean = float(np.median(gaps)), float(np.median(pace))
+        step = step if step >= BURST * mean else mean
+        if step >= MIN_STEP_S:
+            rows.append(_row(step, ctx, [], 0))
     return rows
 
 
@@ -199,6 +258,8 @@ def mixed_rows(background: list[C.Stream], injected: C.Stream | None) -> list[di
     if len(steady) < 4:
         return []
     typical = float(np.median(steady[-4 * len(good) :]))
+    if typical < MIN_STEP_S:
+        return []
     ref = good[0]
     t = np.asarray(ref.chunk_s)
     tol = max(0.25 * typical, 0.002)
@@ -220,6 +281,8 @@ def mixed_rows(background: list[C.Stream], injected: C.Stream | None) -> list[di
             gaps.append(ts[m] - ts[m - 1])
             ctx.append(s.tokens + m - 1.0)
         last = j == len(enlarged) - 1
+        if float(np.median(gaps)) < typical:  # a step with a prompt is no faster than a decode: tokens in bursts
+            return []
         rows.append(_row(float(np.median(gaps)), ctx, [(int(share[j]), done)], int(last)))
         done += int(share[j])
     return rows
@@ -256,6 +319,39 @@ class ProbeFit:
     fit: FitResult
     rows: pd.DataFrame  # each inferred iteration: kind, experiment, held out, measured and predicted seconds
     errors: pd.DataFrame  # per kind: fitted, held out, held-out median / p90 |err|, bias
+    # the engine's host time: per_iteration_s and per_sequence_s (s), the median one-sequence decode step (s), and
+    # the fit's error on the token gaps it was fitted on (n, median, p90 |err|, bias)
+    host: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # warnings about the fit (printed, and kept in the report)
+    busy_s: float | None = None  # request handling arriving into running decodes (s; ``busy_handling``)
+    busy_seqs: int = 0  # how many requests were decoding then
+
+
+def busy_handling(run: ProbeRun, cost: CostModel) -> tuple[float, int] | None:
+    """Seconds a request waits for its first token beyond its iterations when it arrives into running decodes (s),
+    and how many were decoding: the median over the mixed experiments' prompts (the injected one and the short ones
+    after it) of each TTFT less the iterations that computed it (the prompt in chunks of the server's budget, beside
+    one token of each running request, as ``cost`` times them) and half a decode step (the mean wait for the step in
+    progress). None without a mixed experiment that finished. A busy server's front end streams every running
+    request's tokens, so this is larger than ``client_s``."""
+    budget = run.max_num_batched_tokens or 1 << 30
+    waits, seqs = [], []
+    for e in run.experiments:
+        running = [s for s in e.streams if s.ok]
+        if e.kind != "mixed" or not running or budget <= len(running):
+            continue
+        for got in [s for s in [e.injected, *e.busy] if s is not None and s.ok]:
+            ctx = [s.tokens + int(np.searchsorted(np.asarray(s.chunk_s), got.sent_s)) for s in running]
+            step = cost.iteration_time(IterationShape.of(decode=[(1, c) for c in ctx]))
+            busy, done = 0.5 * step, 0
+            while done < got.tokens:
+                n = min(budget - len(running), got.tokens - done)
+                last = int(done + n == got.tokens)
+                shape = IterationShape.of(prefill=[(n, done)], decode=[(1, c) for c in ctx], prefill_sampled=last)
+                busy, done = busy + cost.iteration_time(shape), done + n
+            waits.append(got.ttft_s - busy)
+            seqs.append(len(running))
+    return (max(0.0, float(np.median(waits))), int(np.median(seqs))) if waits else None
 
 
 def fit_probe(
@@ -278,9 +374,15 @@ def fit_probe(
         description=f"the server at {run.url} ({run.model}), probed",
         held=table["held_out"].to_numpy(dtype=bool),
     )
-    # the request handling it fitted beside the profile, kept in its settings (``ferry validate --url`` reads it)
+    # the request handling it fitted beside the profile, kept in its settings (``ferry validate --url`` reads it):
+    # on an idle server, and arriving into running decodes (the mixed experiments' prompts)
+    got = busy_handling(run, CostModel(spec, fit.profile, dtype=dtype))
+    busy, busy_seqs = got if got is not None else (None, 0)
     prov = fit.profile.provenance
-    settings = (prov.settings or {}) | {"client_s": f"{fit.client_s:.6g}"}
+    handling = {"client_s": f"{fit.client_s:.6g}"}
+    if busy is not None:
+        handling |= {"client_busy_s": f"{busy:.6g}", "client_busy_seqs": str(busy_seqs)}
+    settings = (prov.settings or {}) | handling
     fit.profile = fit.profile.model_copy(update={"provenance": prov.model_copy(update={"settings": settings})})
     rows = table.assign(measured_s=fit.rows["median_s"].to_numpy(), predicted_s=fit.rows["predicted_s"].to_numpy())
     errors = []
@@ -289,38 +391,5 @@ def fit_probe(
         held = sel[sel["held_out"]]
         summary = error_summary(held["predicted_s"].to_numpy(), held["measured_s"].to_numpy())
         errors.append({"kind": kind, "fitted": int((~sel["held_out"]).sum()), "held_out": summary.pop("n")} | summary)
-    return ProbeFit(fit, rows, pd.DataFrame(errors))
-
-
-WHAT = {
-    "ttft": "time to first token",
-    "decode": "token gap, 1 request",
-    "batch": "token gap, batched",
-    "mixed": "gap with a prompt",
-}
-
-
-def format_report(run: ProbeRun, fitted: ProbeFit) -> str:
-    sent = run.streams()
-    failed = [s for s in sent if s.error]
-    counted = [s for s in sent if s.prompt_tokens is not None]
-    exact = sum(s.prompt_tokens == s.prompt_sent for s in counted)
-    lines = [
-        f"ferry probe: {run.url} ({run.model}), {len(sent) + WARMUP_REQUESTS} requests in {run.seconds:.1f} s"
-        + (f"; stopped early: {run.stopped}" if run.stopped else ""),
-        f"prompts: {'words' if run.text_prompts else 'token ids'}; the server counted {exact} of {len(counted)} "
-        "exactly as sent" + (f"; {len(failed)} requests failed ({failed[0].error})" if failed else ""),
-        f"request handling before the first token (client_s): {1e3 * fitted.fit.client_s:.2f} ms",
-        "held-out error (experiments never fitted on; |predicted / measured - 1|):",
-        f"{'':<24} {'fitted':>6} {'held out':>8} {'median':>8} {'p90':>8} {'bias':>8}",
-    ]
-    for r in fitted.errors.to_dict(orient="records"):
-
-        def pct(x: float, sign: str = "") -> str:
-            return "-" if not math.isfinite(x) else f"{100 * x:{sign}.1f}%"
-
-        lines.append(
-            f"{WHAT[r['kind']]:<24} {r['fitted']:>6} {r['held_out']:>8} {pct(r['median']):>8} {pct(r['p90']):>8} "
-            f"{pct(r['bias'], '+'):>8}"
-        )
-    return "\n".join(lines + run.notes)
+    host, notes = host_check(fit, rows, run.held_back, run.stopped)
+    return ProbeFit(fit, rows, pd.DataFrame(errors), host, notes, busy, busy_seqs)

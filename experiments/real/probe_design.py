@@ -11,7 +11,8 @@ Four kinds of experiment, each a handful of streamed completions (``experiments.
   and none has finished, each gap is one decode step of B sequences;
 - ``mixed``: B requests decoding, then one more request with a prompt of P tokens: the running requests' gap that ends
   with its first token is an iteration that mixes a P-token prefill with B decodes (several enlarged gaps: the server
-  chunked the prompt, and each holds an equal share of it).
+  chunked the prompt, and each holds an equal share of it); then ``BUSY_SAMPLES`` short prompts, one after another
+  while the B still decode, whose TTFTs give the server's request handling when it is busy.
 
 Experiments of a kind alternate between fitted and held out, in size order, so the fit is scored on whole requests it
 never saw. Prompts are unique random token ids (no prefix a server could cache). The probe is polite: experiments run
@@ -37,6 +38,7 @@ from experiments.real.client import Prompts, Stream, complete
 KINDS = ("ttft", "decode", "batch", "mixed")
 MIN_PROMPT = 16  # the shortest ttft prompt (tokens)
 SETTLE_CHUNKS = 8  # tokens every running request has received before a mixed experiment's prompt is sent
+BUSY_SAMPLES = 4  # short prompts a mixed experiment sends one after another once its prompt has its first token
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ProbePlan:
     # and 60 s says so without waiting out the 600 s budget
     timeout_s: float = 60.0
     max_num_batched_tokens: int | None = None  # the server's per-iteration token budget, where known (tokens)
+    max_num_seqs: int | None = None  # requests the server seats at once, where known (sequences)
 
     def check(self) -> None:
         for name in ("max_prompt", "decode_tokens", "repeats", "max_concurrency", "max_requests"):
@@ -74,6 +77,8 @@ class ProbePlan:
                 f"--max-num-batched-tokens must be >= {MIN_PROMPT} (the probe's shortest prompt), "
                 f"got {self.max_num_batched_tokens}"
             )
+        if self.max_num_seqs is not None and self.max_num_seqs < 2:
+            raise ValueError(f"--max-num-seqs must be >= 2 (a batch to time), got {self.max_num_seqs}")
 
 
 @dataclass
@@ -87,6 +92,8 @@ class Experiment:
     held_out: bool = False
     streams: list[Stream] = field(default_factory=list)
     injected: Stream | None = None
+    # mixed: short prompts sent after the injected one while the others still decode (request handling when busy)
+    busy: list[Stream] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -99,7 +106,11 @@ class Experiment:
         return f"{self.kind}: {words[self.kind]}"
 
     def sent(self) -> int:
-        return len(self.streams) + (self.injected is not None)
+        return len(self.streams) + (self.injected is not None) + len(self.busy)
+
+    def requests_needed(self, repeats: int) -> int:
+        """Requests the experiment sends at most (``repeats``: per ttft size)."""
+        return self.requests * (repeats if self.kind == "ttft" else 1) + (1 + BUSY_SAMPLES) * (self.kind == "mixed")
 
 
 def _sizes(low: int, high: int) -> list[int]:
@@ -117,23 +128,28 @@ def _spread(low: int, high: int, n: int) -> list[int]:
     return sorted({max(8, int(round(x / 8.0)) * 8) if x != high else high for x in np.geomspace(low, high, n)})
 
 
-def design(plan: ProbePlan, max_model_len: int | None, max_num_batched_tokens: int | None = None) -> list[Experiment]:
+def design(
+    plan: ProbePlan, max_model_len: int | None, max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+) -> list[Experiment]:  # fmt: skip
     """The experiments, in the order they run, each marked fitted or held out (alternating within its kind).
     ``max_num_batched_tokens`` (the server's per-iteration token budget, tokens; ``plan``'s if it has one) caps the
-    prompts timed as one iteration."""
+    prompts timed as one iteration; ``max_num_seqs`` (its seats; ``plan``'s if it has one) caps the requests sent to
+    decode together (more would wait for a seat, and never all decode at once)."""
     plan.check()
     limit = max_model_len or 1 << 30
     budget = plan.max_num_batched_tokens or max_num_batched_tokens or 1 << 30
+    seats = plan.max_num_seqs or max_num_seqs or 1 << 30
     top = max(MIN_PROMPT, min(plan.max_prompt, limit - plan.decode_tokens - 1))
     g = plan.decode_tokens
     out = [Experiment("ttft", p, p, 1, 1) for p in _sizes(MIN_PROMPT, max(MIN_PROMPT, min(top, budget)))]
     out += [Experiment("decode", c, c, 1, g) for c in _spread(plan.decode_contexts[0], top, len(plan.decode_contexts))]
     context = min(plan.batch_context, top)
-    sizes = [b for b in plan.batch_sizes if b <= plan.max_concurrency]
+    sizes = [b for b in plan.batch_sizes if b <= min(plan.max_concurrency, seats)]
     out += [Experiment("batch", b, context, b, g) for b in sizes]
     if top > 2 * context:  # long contexts too: batched decode then reads mostly KV cache
         out += [Experiment("batch", b, top, b, g) for b in sizes[1::2]]
-    background = max(1, min(plan.mixed_batch, plan.max_concurrency - 1))
+    background = max(1, min(plan.mixed_batch, plan.max_concurrency - 1, seats - 1))
     inject = max(MIN_PROMPT, min(top, budget - background))  # the prompt and one token of each decode: one iteration
     injects = _spread(max(64, inject // 16), inject, 3)
     out += [Experiment("mixed", p, context, background, 3 * g, inject=p) for p in injects]
@@ -167,6 +183,12 @@ async def run_experiment(
             while not all(len(s.chunk_s) >= SETTLE_CHUNKS or t.done() for s, t in zip(running, tasks, strict=True)):
                 await asyncio.sleep(0.001)
             e.injected = await complete(client, url, model, prompts.make(e.inject), 1, origin, timeout_s=timeout_s)
+            for _ in range(BUSY_SAMPLES):  # each arrives into the running decodes, as the injected prompt did
+                if any(t.done() for t in tasks):
+                    break
+                e.busy.append(
+                    await complete(client, url, model, prompts.make(MIN_PROMPT), 1, origin, timeout_s=timeout_s)
+                )
         await asyncio.gather(*tasks)
     finally:
         for t in tasks:

@@ -1,0 +1,130 @@
+"""The parts of `ferry probe` and `ferry validate --url` that read a live server, on answers written here: the limits
+a server states (`experiments.real.limits`: vLLM's `/server_info` and `/metrics` as vLLM 0.32.0 writes them), a
+response that came in one burst (`client.held_back`), the request handling a client waits beyond its simulated
+TTFT (`validate_url.handling_of`), and the probe's check of its fit on the gaps it was fitted on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.commands.validate_url import handling_of, limit_mismatches
+from experiments.real.client import Stream, held_back
+from experiments.real.limits import ServerLimits, from_metrics, from_server_info, read_limits, server_root
+
+SERVER_INFO = {
+    "vllm_config": {
+        "scheduler_config": {"max_num_batched_tokens": 256, "max_num_seqs": 32, "policy": "fcfs"},
+        "cache_config": {"block_size": 32, "num_gpu_blocks": 16384, "enable_prefix_caching": True},
+    }
+}
+METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",num_gpu_blocks="16384"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_server_info_and_metrics_are_read_as_vllm_writes_them() -> None:
+    assert from_server_info(SERVER_INFO) == {
+        "max_num_batched_tokens": 256, "max_num_seqs": 32, "block_size": 32, "num_gpu_blocks": 16384,
+    }  # fmt: skip
+    assert from_server_info({"vllm_config": "not a dict"}) == {} and from_server_info([1, 2]) == {}
+    assert from_metrics(METRICS) == {"block_size": "32", "num_gpu_blocks": "16384"}
+    assert from_metrics("vllm:num_requests_running 0.0\n") == {}
+    assert server_root("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
+    assert server_root("http://h:1/prefix/v1/") == "http://h:1/prefix"
+
+
+def _serve(routes: dict[str, httpx.Response]) -> httpx.AsyncClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return routes.get(request.url.path, httpx.Response(404, text="not found"))
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def _limits(routes: dict[str, httpx.Response], card: dict) -> ServerLimits:
+    async def go() -> ServerLimits:
+        async with _serve(routes) as client:
+            return await read_limits(client, "http://srv:8000/v1", card)
+
+    return asyncio.run(go())
+
+
+def test_limits_come_from_the_card_then_server_info_then_metrics_and_are_never_guessed() -> None:
+    # vLLM with its development endpoints: /server_info states all four
+    got = _limits({"/server_info": httpx.Response(200, json=SERVER_INFO)}, {"id": "m", "max_model_len": 4096})
+    assert (got.max_num_batched_tokens, got.max_num_seqs, got.block_size) == (256, 32, 32)
+    assert got.sources["max_num_seqs"] == "http://srv:8000/server_info" and got.unknown_note() is None
+    # a card that states them wins (ferry serve's)
+    got = _limits({"/server_info": httpx.Response(200, json=SERVER_INFO)}, {"max_num_batched_tokens": 512})
+    assert got.max_num_batched_tokens == 512 and got.max_num_seqs == 32
+    # vLLM as it runs by default: no /server_info, /metrics has the cache only; the scheduler limits stay unknown
+    got = _limits({"/metrics": httpx.Response(200, text=METRICS)}, {"id": "m"})
+    assert (got.max_num_batched_tokens, got.max_num_seqs, got.block_size) == (None, None, 32)
+    note = got.unknown_note()
+    assert note is not None and "max_num_batched_tokens or max_num_seqs" in note and "VLLM_SERVER_DEV_MODE=1" in note
+    # nonsense is not a limit
+    bad = {"vllm_config": {"scheduler_config": {"max_num_seqs": -3, "max_num_batched_tokens": True}}}
+    got = _limits({"/server_info": httpx.Response(200, json=bad)}, {"max_num_seqs": "many"})
+    assert got.max_num_seqs is None and got.max_num_batched_tokens is None
+
+
+def _stream(gaps_ms: list[float]) -> Stream:
+    s = Stream(0.0, 10, len(gaps_ms) + 1)
+    s.chunk_s = list(0.05 + np.concatenate([[0.0], np.cumsum(gaps_ms)]) / 1e3)
+    return s
+
+
+def test_a_response_that_came_in_one_burst_is_told_from_a_streamed_one() -> None:
+    assert held_back(_stream([0.01] * 20))  # 20 tokens within a fifth of a millisecond: held back, then sent
+    assert not held_back(_stream([3.0] * 20))
+    assert not held_back(_stream([0.01] * 8 + [3.0] * 12))  # a burst or two in a streamed response
+    assert not held_back(_stream([0.01]))  # too short to tell
+
+
+def test_handling_grows_with_the_requests_in_flight_up_to_what_the_probe_measured() -> None:
+    arrival = np.array([0.0, 1.0, 1.1, 1.2, 5.0])
+    finish = np.array([0.5, 2.0, 2.0, 2.0, 6.0])
+    got = handling_of(arrival, finish, idle_s=0.004, busy_s=0.010, busy_seqs=2)
+    # in flight at each arrival: 0, 0, 1, 2, 0
+    assert got == pytest.approx([0.004, 0.004, 0.007, 0.010, 0.004])
+    assert handling_of(arrival, finish, 0.004, 0.010, busy_seqs=1).max() == pytest.approx(0.010)  # held at busy_s
+
+
+def test_a_limit_the_server_states_differently_is_said() -> None:
+    told = ServerLimits(max_num_batched_tokens=256, max_num_seqs=32)
+    assert limit_mismatches(told, 32, 256) == []
+    (line,) = limit_mismatches(told, 64, 256)
+    assert "max_num_seqs 32" in line and "--max-num-seqs" in line
+    assert limit_mismatches(ServerLimits(), 64, 256) == []  # not stated: nothing to say
+
+
+def test_the_fit_is_checked_on_the_gaps_it_was_fitted_on() -> None:
+    from experiments.real.probe_report import GAP_CHECK_MIN, host_check
+
+    class Overheads:
+        class _Q:
+            def __init__(self, v: float) -> None:
+                self.value = v
+
+        per_iteration_s, per_sequence_s = _Q(0.003), _Q(0.0001)
+
+    class Fit:
+        class profile:  # noqa: N801
+            overheads = Overheads
+
+    n = GAP_CHECK_MIN + 4
+    rows = pd.DataFrame({"kind": ["decode"] * n, "held_out": [False] * n, "measured_s": [0.0035] * n})
+    good, notes = host_check(Fit, rows.assign(predicted_s=0.0036))  # type: ignore[arg-type]
+    assert notes == [] and good["host_share_of_decode_step"] == pytest.approx(0.003 / 0.0035)
+    _, notes = host_check(Fit, rows.assign(predicted_s=0.0011), held_back=3)  # type: ignore[arg-type]
+    (warning,) = notes
+    assert "not to be trusted" in warning and f"{n} token gaps" in warning
+    _, notes = host_check(Fit, rows.head(2).assign(predicted_s=0.0035), held_back=3)  # type: ignore[arg-type]
+    (warning,) = notes
+    assert "barely measured" in warning and "held back 3" in warning
