@@ -97,7 +97,8 @@ def test_probe_learns_the_limits_and_fits_the_host_time_per_step(server: VllmSer
     cost = CostModel(load_model(str(server.model_dir / "config.json")), hw, dtype="bfloat16")
     one = cost.iteration_time(IterationShape.of(decode=[(1, 128)]))
     assert abs(one / host["decode_step_s"] - 1) < 0.25, (one, host["decode_step_s"])
-    assert float(hw.provenance.settings["client_busy_s"]) > 0 and float(hw.provenance.settings["client_s"]) > 0
+    settings = hw.provenance.settings or {}
+    assert float(settings["client_busy_s"]) > 0 and float(settings["client_s"]) > 0
 
 
 def untrusted(report: dict) -> bool:
