@@ -12,8 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.commands.validate_url import handling_of, limit_mismatches
+from costmodel import load_hardware
+from costmodel.hardware import HardwareProfile
+from experiments.commands.validate_url import limit_mismatches
 from experiments.real.client import Stream, held_back
+from experiments.real.handling import handling_of, measured_handling
 from experiments.real.limits import ServerLimits, from_metrics, from_server_info, read_limits, server_root
 
 SERVER_INFO = {
@@ -87,13 +90,37 @@ def test_a_response_that_came_in_one_burst_is_told_from_a_streamed_one() -> None
     assert not held_back(_stream([0.01]))  # too short to tell
 
 
-def test_handling_grows_with_the_requests_in_flight_up_to_what_the_probe_measured() -> None:
-    arrival = np.array([0.0, 1.0, 1.1, 1.2, 5.0])
-    finish = np.array([0.5, 2.0, 2.0, 2.0, 6.0])
-    got = handling_of(arrival, finish, idle_s=0.004, busy_s=0.010, busy_seqs=2)
-    # in flight at each arrival: 0, 0, 1, 2, 0
-    assert got == pytest.approx([0.004, 0.004, 0.007, 0.010, 0.004])
-    assert handling_of(arrival, finish, 0.004, 0.010, busy_seqs=1).max() == pytest.approx(0.010)  # held at busy_s
+def test_handling_follows_the_loads_the_probe_measured_by_the_requests_in_flight() -> None:
+    arrival = np.array([0.0, 1.0, 1.1, 1.2, 1.3, 5.0])
+    finish = np.array([0.5, 2.0, 2.0, 2.0, 2.0, 6.0])
+    # in flight at each arrival: 0, 0, 1, 2, 3, 0
+    got = handling_of(arrival, finish, idle_s=0.004, busy=[(2, 0.010)])
+    assert got == pytest.approx([0.004, 0.004, 0.007, 0.010, 0.010, 0.004])  # held at the heaviest beyond it
+    got = handling_of(arrival, finish, idle_s=0.004, busy=[(1, 0.009), (3, 0.011)])
+    assert got == pytest.approx([0.004, 0.004, 0.009, 0.010, 0.011, 0.004])
+
+
+def _with_settings(settings: dict[str, str]) -> HardwareProfile:
+    hw = load_hardware("a100-40g")
+    return hw.model_copy(update={"provenance": hw.provenance.model_copy(update={"settings": settings})})
+
+
+def test_handling_is_read_from_a_profiles_settings_old_and_new() -> None:
+    assert measured_handling(_with_settings({})) == (0.0, [])
+    assert measured_handling(_with_settings({"client_s": "0.004"})) == (0.004, [])
+    old = {"client_s": "0.004", "client_busy_s": "0.01", "client_busy_seqs": "16"}  # one load: profiles before
+    assert measured_handling(_with_settings(old)) == (0.004, [(16, 0.01)])
+    new = {"client_s": "0.004", "client_busy_s": "0.012,0.009", "client_busy_seqs": "16,2"}
+    assert measured_handling(_with_settings(new)) == (0.004, [(2, 0.009), (16, 0.012)])
+    bad_ones = (
+        {"client_busy_s": "0.01,x", "client_busy_seqs": "2,16"},
+        {"client_busy_s": "0.01", "client_busy_seqs": "2,16"},
+        {"client_busy_s": "0.01", "client_busy_seqs": "0"},
+    )
+    for bad in bad_ones:
+        with pytest.raises(ValueError, match="client_busy_s") as err:
+            measured_handling(_with_settings(bad))
+        assert "\n" not in str(err.value)
 
 
 def test_a_limit_the_server_states_differently_is_said() -> None:

@@ -166,6 +166,7 @@ def handle(args: argparse.Namespace) -> int:
         "client_s": fitted.fit.client_s,
         "client_busy_s": fitted.busy_s,
         "client_busy_seqs": fitted.busy_seqs,
+        "client_busy": [{"running": n, "s": t} for n, t in fitted.busy],
         "host": fitted.host,
         "held_out_error": fitted.errors.to_dict(orient="records"),
     }

@@ -17,10 +17,10 @@ failed, nothing is written and the command stops with one line: how many failed 
 failures are kept in ``comparison.json`` (``failed``) and printed above the table.
 
 What the simulation does not model is said beside the table: the request handling before a first token that the
-probe measured (``client_s`` on an idle server and ``client_busy_s`` into running decodes, in the profile's
-settings: ``client_handling_ms``, ``client_busy_handling_ms``; and the TTFTs with it added to the simulated ones,
-``with_handling``: each request's busy or idle handling, as the simulation had other requests in flight at its
-arrival or not), and the scheduler limits the server states (``experiments.real.limits``: a
+probe measured (``experiments.real.handling``: on an idle server and into running decodes at the loads it measured,
+in ``comparison.json`` as ``client_handling_ms``, ``client_busy_handling`` and ``client_busy_handling_ms`` for the
+heaviest; and the TTFTs with each request's handling added to the simulated ones, ``with_handling``, by the requests
+the simulation had in flight at its arrival), and the scheduler limits the server states (``experiments.real.limits``: a
 ``note`` when they differ from the flags the simulation ran with, ``server_limits`` in ``comparison.json``).
 """
 
@@ -37,6 +37,7 @@ from costmodel import load_hardware
 from experiments.config import RunConfig
 from experiments.real import client as C
 from experiments.real.client import Prompts, replay_trace
+from experiments.real.handling import handling_of, measured_handling
 from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.measured import blank_server_side, records_of
 from experiments.simulation import build_replica, build_workload
@@ -90,22 +91,20 @@ def validate_url(
     comparison["workload"] = workload.source
     comparison["url"] = url
     comparison["prompt_seed"] = prompt_seed
-    client_s = float(calibration_setting(hardware, "client_s") or 0.0)
-    busy_setting = calibration_setting(hardware, "client_busy_s")
-    busy_s = float(busy_setting) if busy_setting is not None else client_s
-    busy_seqs = int(calibration_setting(hardware, "client_busy_seqs") or 1)
+    client_s, busy = measured_handling(hardware)
     comparison["client_handling_ms"] = 1e3 * client_s
-    comparison["client_busy_handling_ms"] = 1e3 * busy_s
+    comparison["client_busy_handling_ms"] = 1e3 * (busy[-1][1] if busy else client_s)  # the heaviest load measured
+    comparison["client_busy_handling"] = [{"running": n, "ms": 1e3 * t} for n, t in busy]
     notes = []
-    if client_s or busy_s:
-        added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy_s, busy_seqs)
+    if client_s or busy:
+        added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy)
         ttft = simulated.requests.first_token - simulated.requests.arrival
         comparison["with_handling"] = handled = with_handling(comparison["metrics"], ttft + added)
         err = handled["median_ttft_ms"]["rel_error"]
+        loads = "".join(f", {1e3 * t:.2f} ms into {n} running decodes" for n, t in busy)
         notes.append(
             f"the probe measured {1e3 * client_s:.2f} ms of request handling before a first token on an idle "
-            f"server, {1e3 * busy_s:.2f} ms into {busy_seqs} running decodes, which the simulation does not add (its "
-            "TTFT starts at the iteration)"
+            f"server{loads}, which the simulation does not add (its TTFT starts at the iteration)"
             + (f"; with it added, median TTFT {100 * err:+.1f}%" if err is not None else "")
         )
     comparison["server_limits"] = limits.as_dict()
@@ -138,20 +137,6 @@ def _server_limits(url: str, served_name: str, timeout_s: float) -> ServerLimits
             return await read_limits(client, url, card, min(10.0, timeout_s))
 
     return asyncio.run(ask())
-
-
-def handling_of(
-    arrival: np.ndarray, finish: np.ndarray, idle_s: float, busy_s: float, busy_seqs: int
-) -> np.ndarray:  # fmt: skip
-    """Per request, the handling a client waits beyond its simulated TTFT (s): ``idle_s`` with nothing else in flight
-    in the simulation at its arrival (arrived, not finished), growing linearly with the requests in flight to
-    ``busy_s`` at ``busy_seqs`` (the probe's measure into that many running decodes) and held there beyond: a server's
-    front end streams every running request's tokens, and a new request's handling waits behind that work. The line
-    between the two measures is an assumption (the probe measures its two ends only)."""
-    a, f = np.sort(arrival), np.sort(finish)
-    in_flight = np.searchsorted(a, arrival, side="right") - 1 - np.searchsorted(f, arrival, side="right")
-    share = np.clip(in_flight / max(busy_seqs, 1), 0.0, 1.0)
-    return idle_s + share * (busy_s - idle_s)
 
 
 def with_handling(metrics: dict[str, Any], handled_s: np.ndarray) -> dict[str, Any]:

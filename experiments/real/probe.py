@@ -323,19 +323,30 @@ class ProbeFit:
     # the fit's error on the token gaps it was fitted on (n, median, p90 |err|, bias)
     host: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # warnings about the fit (printed, and kept in the report)
-    busy_s: float | None = None  # request handling arriving into running decodes (s; ``busy_handling``)
-    busy_seqs: int = 0  # how many requests were decoding then
+    # request handling arriving into running decodes (``busy_handling``): (requests decoding, seconds), by load
+    busy: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def busy_s(self) -> float | None:
+        """The handling into the most running decodes measured (s), None if none was."""
+        return self.busy[-1][1] if self.busy else None
+
+    @property
+    def busy_seqs(self) -> int:
+        return self.busy[-1][0] if self.busy else 0
 
 
-def busy_handling(run: ProbeRun, cost: CostModel) -> tuple[float, int] | None:
-    """Seconds a request waits for its first token beyond its iterations when it arrives into running decodes (s),
-    and how many were decoding: the median over the mixed experiments' prompts (the injected one and the short ones
-    after it) of each TTFT less the iterations that computed it (the prompt in chunks of the server's budget, beside
-    one token of each running request, as ``cost`` times them) and half a decode step (the mean wait for the step in
-    progress). None without a mixed experiment that finished. A busy server's front end streams every running
-    request's tokens, so this is larger than ``client_s``."""
+def busy_handling(run: ProbeRun, cost: CostModel) -> list[tuple[int, float]]:
+    """Seconds a request waits for its first token beyond its iterations when it arrives into running decodes, for
+    each number of requests decoding that a mixed experiment measured (sorted by it): the median over those
+    experiments' prompts (the injected one and the short ones after it) of each TTFT less the iterations that
+    computed it (the prompt in chunks of the server's budget, beside one token of each running request, as ``cost``
+    times them) and half a decode step (the mean wait for the step in progress). Empty without a mixed experiment
+    that finished. A busy server's front end streams every running request's tokens, so this is larger than
+    ``client_s``, and it is measured at a light and a heavy load because it does not grow in proportion: on a 2-core
+    CPU, vLLM's API server is already slowed by 2 streams about as much as by 16."""
     budget = run.max_num_batched_tokens or 1 << 30
-    waits, seqs = [], []
+    waits: dict[int, list[float]] = {}
     for e in run.experiments:
         running = [s for s in e.streams if s.ok]
         if e.kind != "mixed" or not running or budget <= len(running):
@@ -349,9 +360,8 @@ def busy_handling(run: ProbeRun, cost: CostModel) -> tuple[float, int] | None:
                 last = int(done + n == got.tokens)
                 shape = IterationShape.of(prefill=[(n, done)], decode=[(1, c) for c in ctx], prefill_sampled=last)
                 busy, done = busy + cost.iteration_time(shape), done + n
-            waits.append(got.ttft_s - busy)
-            seqs.append(len(running))
-    return (max(0.0, float(np.median(waits))), int(np.median(seqs))) if waits else None
+            waits.setdefault(e.requests, []).append(got.ttft_s - busy)
+    return [(seqs, max(0.0, float(np.median(w)))) for seqs, w in sorted(waits.items())]
 
 
 def fit_probe(
@@ -376,12 +386,12 @@ def fit_probe(
     )
     # the request handling it fitted beside the profile, kept in its settings (``ferry validate --url`` reads it):
     # on an idle server, and arriving into running decodes (the mixed experiments' prompts)
-    got = busy_handling(run, CostModel(spec, fit.profile, dtype=dtype))
-    busy, busy_seqs = got if got is not None else (None, 0)
+    busy = busy_handling(run, CostModel(spec, fit.profile, dtype=dtype))
     prov = fit.profile.provenance
     handling = {"client_s": f"{fit.client_s:.6g}"}
-    if busy is not None:
-        handling |= {"client_busy_s": f"{busy:.6g}", "client_busy_seqs": str(busy_seqs)}
+    if busy:  # one value per load measured, comma-separated (experiments.real.handling reads them)
+        handling |= {"client_busy_s": ",".join(f"{t:.6g}" for _, t in busy),
+                     "client_busy_seqs": ",".join(str(n) for n, _ in busy)}  # fmt: skip
     settings = (prov.settings or {}) | handling
     fit.profile = fit.profile.model_copy(update={"provenance": prov.model_copy(update={"settings": settings})})
     rows = table.assign(measured_s=fit.rows["median_s"].to_numpy(), predicted_s=fit.rows["predicted_s"].to_numpy())
@@ -392,4 +402,4 @@ def fit_probe(
         summary = error_summary(held["predicted_s"].to_numpy(), held["measured_s"].to_numpy())
         errors.append({"kind": kind, "fitted": int((~sel["held_out"]).sum()), "held_out": summary.pop("n")} | summary)
     host, notes = host_check(fit, rows, run.held_back, run.stopped)
-    return ProbeFit(fit, rows, pd.DataFrame(errors), host, notes, busy, busy_seqs)
+    return ProbeFit(fit, rows, pd.DataFrame(errors), host, notes, busy)

@@ -12,7 +12,8 @@ Four kinds of experiment, each a handful of streamed completions (``experiments.
 - ``mixed``: B requests decoding, then one more request with a prompt of P tokens: the running requests' gap that ends
   with its first token is an iteration that mixes a P-token prefill with B decodes (several enlarged gaps: the server
   chunked the prompt, and each holds an equal share of it); then ``BUSY_SAMPLES`` short prompts, one after another
-  while the B still decode, whose TTFTs give the server's request handling when it is busy.
+  while the B still decode, whose TTFTs give the server's request handling when it is busy. B is a heavy load
+  (``mixed_batch``) and a light one (``mixed_light``), three prompt sizes each.
 
 Experiments of a kind alternate between fitted and held out, in size order, so the fit is scored on whole requests it
 never saw. Prompts are unique random token ids (no prefix a server could cache). The probe is polite: experiments run
@@ -51,7 +52,8 @@ class ProbePlan:
     batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
     decode_contexts: tuple[int, ...] = (32, 128, 512, 2048)  # spread from the first to the longest prompt
     batch_context: int = 256  # prompt of each batch request (tokens)
-    mixed_batch: int = 16  # requests decoding when a mixed experiment's prompt arrives
+    mixed_batch: int = 16  # requests decoding when a mixed experiment's prompt arrives (the heavy load)
+    mixed_light: int = 2  # and at a light load: the same prompts into this many (handling does not grow linearly)
     max_concurrency: int = 64
     max_requests: int = 1000
     budget_s: float = 600.0  # wall-clock deadline of the whole probe (s), its first checks included
@@ -67,6 +69,9 @@ class ProbePlan:
         for name in ("max_prompt", "decode_tokens", "repeats", "max_concurrency", "max_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"probe: {name} must be >= 1, got {getattr(self, name)}")
+        if self.mixed_light < 1 or self.mixed_batch < 1:
+            got = f"{self.mixed_light}, {self.mixed_batch}"
+            raise ValueError(f"probe: mixed_light and mixed_batch must be >= 1, got {got}")
         if self.decode_tokens < 2 * SETTLE_CHUNKS:
             raise ValueError(f"probe: decode_tokens must be >= {2 * SETTLE_CHUNKS}, got {self.decode_tokens}")
         for name, flag in (("budget_s", "--budget-s"), ("timeout_s", "--timeout")):
@@ -149,10 +154,11 @@ def design(
     out += [Experiment("batch", b, context, b, g) for b in sizes]
     if top > 2 * context:  # long contexts too: batched decode then reads mostly KV cache
         out += [Experiment("batch", b, top, b, g) for b in sizes[1::2]]
-    background = max(1, min(plan.mixed_batch, plan.max_concurrency - 1, seats - 1))
-    inject = max(MIN_PROMPT, min(top, budget - background))  # the prompt and one token of each decode: one iteration
-    injects = _spread(max(64, inject // 16), inject, 3)
-    out += [Experiment("mixed", p, context, background, 3 * g, inject=p) for p in injects]
+    heavy = max(1, min(plan.mixed_batch, plan.max_concurrency - 1, seats - 1))
+    for background in sorted({min(plan.mixed_light, heavy), heavy}):
+        inject = max(MIN_PROMPT, min(top, budget - background))  # the prompt and one token of each decode: one step
+        injects = _spread(max(64, inject // 16), inject, 3)
+        out += [Experiment("mixed", p, context, background, 3 * g, inject=p) for p in injects]
     for kind in KINDS:
         ranked = sorted((e for e in out if e.kind == kind), key=lambda e: e.size)
         for i, e in enumerate(ranked):

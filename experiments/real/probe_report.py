@@ -112,11 +112,8 @@ def format_report(run: ProbeRun, fitted: ProbeFit) -> str:
         f"prompts: {'words' if run.text_prompts else 'token ids'}; the server counted {exact} of {len(counted)} "
         "exactly as sent" + (f"; {len(failed)} requests failed ({failed[0].error})" if failed else ""),
         f"request handling before the first token (client_s): {1e3 * fitted.fit.client_s:.2f} ms"
-        + (
-            f", {1e3 * fitted.busy_s:.2f} ms into {fitted.busy_seqs} running decodes (client_busy_s)"
-            if fitted.busy_s is not None
-            else ""
-        ),
+        + "".join(f", {1e3 * t:.2f} ms into {n} running decodes" for n, t in fitted.busy)
+        + (" (client_busy_s)" if fitted.busy else ""),
         _host_line(fitted.host),
         "held-out error (experiments never fitted on; |predicted / measured - 1|):",
         f"{'':<24} {'fitted':>6} {'held out':>8} {'median':>8} {'p90':>8} {'bias':>8}",

@@ -107,6 +107,7 @@ def one_run(
         "held_back": comparison["held_back"]["n"],
         "replayed": comparison["held_back"]["of"],
         "busy_handling_ms": comparison["client_busy_handling_ms"],
+        "light_handling_ms": (comparison["client_busy_handling"] or [{"ms": None}])[0]["ms"],
         "streamed_itl_error": comparison.get("streamed", {}).get("median_itl_ms", {}).get("rel_error"),
         "streamed_ttft_error": comparison.get("streamed", {}).get("median_ttft_ms", {}).get("rel_error"),
         # vLLM's own view of the replay (its /metrics): what its TTFT leaves out, and its front end's share
@@ -124,7 +125,8 @@ COLUMNS = (
     ("host_per_step_ms", "host/step ms", "{:.2f}"),
     ("host_share", "host share", "{:.0%}"),
     ("handling_ms", "handling ms", "{:.2f}"),
-    ("busy_handling_ms", "busy handling ms", "{:.2f}"),
+    ("light_handling_ms", "handling, light ms", "{:.2f}"),
+    ("busy_handling_ms", "handling, heavy ms", "{:.2f}"),
     ("fitted_gap_error", "fitted gaps |err|", "{:.1%}"),
     ("held_out_gap_error", "held-out gaps |err|", "{:.1%}"),
     ("real_median_ttft_ms", "real TTFT ms", "{:.1f}"),
