@@ -4,7 +4,9 @@ Compression shows up in serving through these three choices, which ferry keeps a
 - ``dtype`` (vLLM ``--dtype``): activations, embeddings, norms and the LM head; ``auto`` takes the config's
   ``torch_dtype``, except that float32 checkpoints run in float16 (vLLM's rule for ``auto``);
 - ``quantization`` (vLLM ``--quantization``): the linear-layer weights of the transformer blocks, fewer bytes per decode
-  step (fp8, int8 or int4; ``awq``/``gptq`` are int4 weight-only);
+  step (fp8 with one scale per tensor, ``fp8_block`` with one per 128 x 128 block as DeepSeek's and Qwen3's FP8
+  checkpoints, ``nvfp4`` (4-bit floats with an FP8 scale per 16, Blackwell's tensor cores), int8 or int4;
+  ``awq``/``gptq`` are int4 weight-only);
 - ``kv_cache_dtype`` (vLLM ``--kv-cache-dtype``): the KV cache, more tokens per GiB (``auto`` = ``dtype``; ``fp8``).
 """
 
@@ -13,13 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # bytes per element of each canonical format (int4 packs two weights per byte; group scales are not counted, they add
-# about 16 bits per 128 weights, ~3%)
+# about 16 bits per 128 weights, ~3%; fp8_block's one fp32 scale per 128 x 128 weights is not counted either; nvfp4 is
+# 4 bits and one 8-bit scale per 16 weights, 4.5 bits)
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4.0,
     "bfloat16": 2.0,
     "float16": 2.0,
     "fp8": 1.0,
+    "fp8_block": 1.0,
     "int8": 1.0,
+    "nvfp4": 0.5625,
     "int4": 0.5,
 }
 
@@ -37,6 +42,10 @@ _ALIASES: dict[str, str] = {
     "fp8_e4m3": "fp8",
     "fp8_e5m2": "fp8",
     "float8": "fp8",
+    "fp8_block": "fp8_block",
+    "fp8-block": "fp8_block",
+    "nvfp4": "nvfp4",
+    "fp4": "nvfp4",
     "int8": "int8",
     "w8a8": "int8",
     "int4": "int4",
@@ -47,10 +56,18 @@ _ALIASES: dict[str, str] = {
 # activations must be a floating format the GEMMs read and write
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
-QUANTIZATIONS = ("fp8", "int8", "int4")
+QUANTIZATIONS = ("fp8", "fp8_block", "nvfp4", "int8", "int4")
 
 # key of a format in a hardware profile's ``peak_tflops`` table
-PEAK_KEY: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "int8": "int8"}
+PEAK_KEY: dict[str, str] = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp8": "fp8",
+    "fp8_block": "fp8",
+    "int8": "int8",
+    "nvfp4": "fp4",
+}
 
 
 def canonical(name: str) -> str:
@@ -125,18 +142,20 @@ class Dtypes:
         else:
             quant = canonical(quantization)
             if quant not in QUANTIZATIONS:
-                raise ValueError(f"quantization {quantization!r} is not supported; choose none, fp8, int8 or int4")
+                raise ValueError(
+                    f"quantization {quantization!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}"
+                )
             weight = quant
         return cls(activation=act, weight=weight, kv_cache=kv, quantization=quant)
 
     def gemm_compute(self, peaks: dict[str, float]) -> str:
         """The format the linear layers' multiply-adds run in on a device with these ``peaks`` (TFLOP/s by PEAK_KEY).
 
-        fp8 and int8 quantization run W8A8 where the device has that rate (vLLM's fp8 on Hopper/Ada, int8 on
-        Ampere), else fall back to weight-only (dequantize, multiply in the activation format; vLLM's Marlin path);
-        int4 is always weight-only.
+        fp8 (per tensor or block-scaled), int8 and nvfp4 quantization run in their own format where the device has
+        its rate (vLLM's fp8 on Hopper/Ada, int8 on Ampere, NVFP4 on Blackwell), else fall back to weight-only
+        (dequantize, multiply in the activation format; vLLM's Marlin path); int4 is always weight-only.
         """
-        if self.quantization in ("fp8", "int8") and PEAK_KEY[self.quantization] in peaks:
+        if self.quantization in ("fp8", "fp8_block", "int8", "nvfp4") and PEAK_KEY[self.quantization] in peaks:
             return self.quantization
         return self.activation
 

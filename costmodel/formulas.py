@@ -5,6 +5,13 @@ Python, and the simulator's compiled engine calls ``iteration_time`` from its ow
 simulated iteration costs the same to the last bit on either path. The model and hardware are flattened into two float
 arrays (``consts`` and ``kernel_params``, built by ``CostModel``); the names below index them.
 
+A kernel instance takes ``max(floor, compute side, memory side)`` (the roofline, with the class's per-kernel floor).
+A profile fitted to measured kernel tables times some kernels from them instead (``costmodel.kernel_tables`` builds
+them for the model; ``toc`` and ``tab`` hold them): inside the measured shapes, the measured time interpolated
+linearly in log space (log tokens for a GEMM; log sequences and log tokens for attention; log bytes for an
+all-reduce); outside them, the roofline times the measured-over-roofline factor at the nearest measured shape, so
+that beyond the measurements time follows the roofline from the last one. Without tables nothing changes.
+
 Counts, per GPU (with tensor parallelism ``tp`` each GPU holds 1/tp of the heads, the MLP width and the vocabulary):
 ``T`` tokens through the linear layers (prefill chunks' new tokens + one per decode), ``H`` hidden size, ``q`` and
 ``kv`` the query and key (= value) widths (heads x head_dim on this GPU), ``I`` the MLP width on this GPU, ``V`` the
@@ -13,6 +20,8 @@ the kernel's ideal DRAM traffic: weights read once, inputs read once, outputs wr
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import numpy.typing as npt
@@ -38,13 +47,26 @@ KERNELS: tuple[tuple[str, str, str, int, int], ...] = (
     ("lm_head", "lm_head", "gemm", 0, 1),  # on the sampled tokens only
 )
 
+# the measured tables (``toc`` rows): the four per-layer GEMMs at T tokens, the LM head at S sampled tokens, prefill
+# attention at (sequences, tokens per sequence), decode attention at (sequences, tokens attended by all), and the
+# all-reduce at its message bytes. ``toc[table]`` = (x points, y points, offset of the x then y axis in ``tab``, offset
+# of the factors (measured over roofline seconds), offset of the roofline seconds, both x-major); x points 0: no
+# table. Axes, factors and seconds are natural logs
+T_QKV, T_O, T_UP, T_DOWN, T_LM, T_PREFILL, T_DECODE, T_ALLREDUCE = range(8)
+NUM_TABLES = 8
+NX, NY, AXES, FACTORS, ROOFS = range(5)
+TOC_COLUMNS = 5
+# the table of each kernel in ``KERNELS`` order (-1: none)
+KERNEL_TABLE = np.array([-1, -1, T_QKV, -1, T_PREFILL, T_DECODE, T_O, T_UP, -1, T_DOWN, -1, T_LM], dtype=np.int64)
+
 # indices into ``consts``
 H, Q, KV, MLP, V, E, K, MOE, GATED, BIAS, A, W, C, WINDOW, N_ALLREDUCE, RING, AR_RATE, AR_HALF, AR_LATENCY = range(19)
 PER_ITERATION, PER_SEQUENCE = 19, 20
 NUM_CONSTS = 21
 # columns of ``kernel_params`` (one row per kernel): instances per iteration, compute rate (FLOP/s) and half-size
-# (FLOPs), memory rate (B/s) and half-size (B)
-COUNT, C_RATE, C_HALF, M_RATE, M_HALF = range(5)
+# (FLOPs), memory rate (B/s) and half-size (B), the class's floor (s)
+COUNT, C_RATE, C_HALF, M_RATE, M_HALF, FLOOR = range(6)
+NUM_PARAMS = 6
 
 
 @njit(cache=True)
@@ -154,22 +176,100 @@ def kernel_time(flops: float, nbytes: float, params: FloatArray) -> tuple[float,
 
 
 @njit(cache=True)
-def allreduce(consts: FloatArray, T: float) -> tuple[float, float]:
+def _bracket(tab: FloatArray, at: int, n: int, x: float) -> tuple[int, float]:
+    """(i, w): x lies between axis points i and i + 1 of the n at ``tab[at:]``, at share w of the way (clamped to the
+    axis: w 0 before its first point, 1 past its last)."""
+    if n == 1 or x <= tab[at]:
+        return 0, 0.0
+    if x >= tab[at + n - 1]:
+        return n - 2, 1.0
+    lo, hi = 0, n - 1
+    while hi - lo > 1:  # tab[at + lo] <= x < tab[at + hi]
+        mid = (lo + hi) // 2
+        if tab[at + mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo, (x - tab[at + lo]) / (tab[at + lo + 1] - tab[at + lo])
+
+
+@njit(cache=True)
+def _bilinear(tab: FloatArray, at: int, ny: int, i: int, i1: int, wx: float, j: int, j1: int, wy: float) -> float:
+    low = (1.0 - wy) * tab[at + i * ny + j] + wy * tab[at + i * ny + j1]
+    high = (1.0 - wy) * tab[at + i1 * ny + j] + wy * tab[at + i1 * ny + j1]
+    return (1.0 - wx) * low + wx * high
+
+
+@njit(cache=True)
+def table_time(toc: IntArray, tab: FloatArray, table: int, x: float, y: float, roof: float) -> float:
+    """Seconds of a kernel whose roofline time is ``roof`` at (x, y) (natural logs of the table's axes; y unused by a
+    1-D table): inside the table's axes, its measured seconds interpolated bilinearly in log space; outside them,
+    ``roof`` times the measured factor at the nearest measured shape (bilinear in log space along the axis inside);
+    ``roof`` itself when the table is absent."""
+    nx = toc[table, NX]
+    if nx == 0:
+        return roof
+    ny, axes = toc[table, NY], toc[table, AXES]
+    i, wx = _bracket(tab, axes, nx, x)
+    i1 = i + 1 if nx > 1 else i
+    j, wy, j1 = 0, 0.0, 0
+    inside = tab[axes] <= x and x <= tab[axes + nx - 1]
+    if ny > 1:
+        j, wy = _bracket(tab, axes + nx, ny, y)
+        j1 = j + 1
+        inside = inside and tab[axes + nx] <= y and y <= tab[axes + nx + ny - 1]
+    factor = _bilinear(tab, toc[table, FACTORS], ny, i, i1, wx, j, j1, wy)
+    if inside:
+        return math.exp(factor + _bilinear(tab, toc[table, ROOFS], ny, i, i1, wx, j, j1, wy))
+    return roof * math.exp(factor)
+
+
+@njit(cache=True)
+def kernel_table_time(
+    toc: IntArray, tab: FloatArray, table: int, roof: float, T: float, D: float, S: float, prefills: float,
+    pf_pairs: float, dec_kv: float,
+) -> float:  # fmt: skip
+    """One kernel's seconds from its table at this iteration's shape (``table_time``; ``roof`` its roofline time):
+    GEMMs at log T (the LM head at log S); prefill attention at (log chunks, log L), L the prompt length whose causal
+    (query, key) pairs per chunk, L (L + 1) / 2, equal the chunks' mean (a prompt of L tokens alone is exactly the
+    measured shape); decode attention at (log D, log tokens attended by all D): the KV cache read, whose size
+    decides whether the measurements were served from the GPU's L2 cache (an L40S's small batches of short contexts
+    ran up to 6x faster than from its memory)."""
+    if table == T_LM:
+        return table_time(toc, tab, table, math.log(S), 0.0, roof)
+    if table == T_PREFILL:
+        length = 0.5 * (math.sqrt(8.0 * pf_pairs / prefills + 1.0) - 1.0)
+        return table_time(toc, tab, table, math.log(prefills), math.log(length), roof)
+    if table == T_DECODE:
+        return table_time(toc, tab, table, math.log(D), math.log(dec_kv), roof)
+    return table_time(toc, tab, table, math.log(T), 0.0, roof)
+
+
+@njit(cache=True)
+def allreduce(consts: FloatArray, toc: IntArray, tab: FloatArray, T: float) -> tuple[float, float]:
     """(seconds, bytes per call) of the iteration's tensor-parallel all-reduces: each carries the [T x H]
-    activations; a ring all-reduce takes latency + 2 (tp-1)/tp x (bytes + half) / (link bandwidth x max)."""
+    activations; a ring all-reduce takes latency + 2 (tp-1)/tp x (bytes + half) / (link bandwidth x max), times the
+    measured table's time at its message size where there is one."""
     calls = consts[N_ALLREDUCE]
     if calls <= 0.0 or T <= 0.0:
         return 0.0, 0.0
     message = T * consts[H] * consts[A]
     per_call = consts[AR_LATENCY] + consts[RING] * (message + consts[AR_HALF]) / consts[AR_RATE]
+    if toc[T_ALLREDUCE, NX] > 0:
+        per_call = table_time(toc, tab, T_ALLREDUCE, math.log(message), 0.0, per_call)
     return calls * per_call, message
 
 
 @njit(cache=True)
 def time_of_sums(
-    consts: FloatArray, kernel_params: FloatArray, sums: tuple[float, float, float, float, float, float, float, float]
+    consts: FloatArray,
+    kernel_params: FloatArray,
+    toc: IntArray,
+    tab: FloatArray,
+    sums: tuple[float, float, float, float, float, float, float, float],
 ) -> float:
-    """The iteration time (s): kernels (each the roofline maximum) + all-reduces + host overheads; 0 if empty."""
+    """The iteration time (s): kernels (each the roofline maximum, at least its floor, or its measured table's time)
+    + all-reduces + host overheads; 0 if empty."""
     T = sums[0]
     if T <= 0.0:
         return 0.0
@@ -177,21 +277,29 @@ def time_of_sums(
     gpu = 0.0
     for i in range(kernel_params.shape[0]):
         tc, tm = kernel_time(work[2 * i], work[2 * i + 1], kernel_params[i])
-        gpu += kernel_params[i, COUNT] * (tc if tc >= tm else tm)
-    gpu += allreduce(consts, T)[0]
+        t = tc if tc >= tm else tm
+        if t > 0.0:
+            if kernel_params[i, FLOOR] > t:
+                t = kernel_params[i, FLOOR]
+            table = KERNEL_TABLE[i]
+            if table >= 0 and toc[table, NX] > 0:
+                t = kernel_table_time(toc, tab, table, t, T, sums[2], sums[3], sums[7] - sums[2], sums[4], sums[6])
+        gpu += kernel_params[i, COUNT] * t
+    gpu += allreduce(consts, toc, tab, T)[0]
     return gpu + consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7]
 
 
 @njit(cache=True)
 def iteration_time(
-    args: tuple[FloatArray, FloatArray],
+    args: tuple[FloatArray, FloatArray, IntArray, FloatArray],
     prefill_new: IntArray,
     prefill_ctx: IntArray,
     decode_ctx: IntArray,
     prefill_sampled: int,
 ) -> float:
-    """Seconds of one iteration of this shape; ``args`` is ``(consts, kernel_params)`` from ``CostModel``."""
-    consts, kernel_params = args
+    """Seconds of one iteration of this shape; ``args`` is ``(consts, kernel_params, toc, tab)`` from
+    ``CostModel``."""
+    consts, kernel_params, toc, tab = args
     return time_of_sums(
-        consts, kernel_params, shape_sums(consts, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)
+        consts, kernel_params, toc, tab, shape_sums(consts, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)
     )

@@ -8,6 +8,8 @@ tensor parallelism uses) and the parameters the cost model turns into *effective
   size ``n`` (FLOPs for compute, bytes for memory). A kernel of ``f`` FLOPs then takes
   ``f / (peak * eff(f)) = (f + half_size) / (peak * max)``: ``max`` is the sustained share of the peak on large
   kernels, and ``half_size / (peak * max)`` is the fixed cost (launch, tail, ramp) a small kernel pays;
+- ``efficiency.<class>.floor_s`` (optional): the least time one kernel instance takes however small (launch and
+  tail), under which the curves do not go: ``max(floor, compute side, memory side)``;
 - ``efficiency.communication``: the all-reduce's share of link bandwidth (same curve, in message bytes) and its
   fixed latency per call;
 - ``overheads``: host time per iteration, per sequence in it, and per layer (scheduling, input preparation,
@@ -15,8 +17,11 @@ tensor parallelism uses) and the parameters the cost model turns into *effective
 
 These are what the calibration harness fits from measured kernel times. A profile says ``kind: datasheet`` (rates from
 the vendor, efficiencies stated as assumptions) or ``kind: calibrated`` (with the device, software versions, date and
-raw measurement file in ``provenance``). Built-ins live in ``hwprofiles/``; ``load_hardware`` also reads a path, and
-directories listed in ``$FERRY_HWPROFILES`` (``:``-separated) are searched before the built-ins.
+raw measurement file in ``provenance``). A profile fitted to NVIDIA's measured kernel database also names it in
+``kernel_tables`` (``KernelTables``): the cost model then times kernels from the database's own tables where the
+package is installed (``costmodel.kernel_tables``), and from the fitted curves where it is not. Built-ins live in
+``hwprofiles/``; ``load_hardware`` also reads a path, and directories listed in ``$FERRY_HWPROFILES``
+(``:``-separated) are searched before the built-ins.
 """
 
 from __future__ import annotations
@@ -73,6 +78,13 @@ class ClassEfficiency(_Strict):
 
     compute: Curve  # in the kernel's FLOPs, against the peak FLOP/s of the format it computes in
     memory: Curve  # in the kernel's bytes moved, against the memory bandwidth
+    # the least seconds one instance takes (launch and tail): a kernel with work never takes less; absent: no floor
+    floor_s: Quantity | None = None
+
+    @property
+    def floor(self) -> float:
+        """The floor in seconds (0 without one)."""
+        return 0.0 if self.floor_s is None else self.floor_s.value
 
 
 class CommEfficiency(_Strict):
@@ -125,6 +137,25 @@ class Provenance(_Strict):
     held_out_error: dict[str, dict[str, float]] | None = None
 
 
+class KernelTables(_Strict):
+    """The measured kernel database a profile was fitted to, whose tables the cost model interpolates where the
+    package is installed (``costmodel.kernel_tables``): NVIDIA's aiconfigurator-core, one system and one engine."""
+
+    package: str = "aiconfigurator-core"  # the registry package holding the tables
+    package_version: str  # the version the profile was fitted to (the tables are read only from that version)
+    system: str  # the database's system, e.g. "h100_sxm"
+    framework: Literal["vllm", "sglang", "trtllm"]  # whose kernels
+    version: str  # the engine version of the GEMM and attention tables, e.g. "0.24.0"
+    comm_version: str | None = None  # the engine version of the all-reduce table (None: the database has none)
+    # the interpolation's relative error on held-out shapes, per kernel class (as provenance.held_out_error)
+    held_out_error: dict[str, dict[str, float]] | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        """The tables in words: package, system, engine and version."""
+        return f"{self.package} {self.package_version} {self.system} {self.framework} {self.version}"
+
+
 class HardwareProfile(_Strict):
     """One device: datasheet rates, the efficiencies that turn them into effective rates, and host overheads."""
 
@@ -135,11 +166,13 @@ class HardwareProfile(_Strict):
     memory_capacity_gib: Quantity  # device memory (GiB, 2**30 B)
     memory_bandwidth_gbps: Quantity  # device memory bandwidth (GB/s, 1e9 B/s)
     # dense (no sparsity) peak per format (TFLOP/s, or TOP/s for int8): keys fp32 (non-tensor), tf32, bf16, fp16, fp8,
-    # int8; a format the device lacks is left out
-    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8"], Quantity]
+    # int8, fp4 (Blackwell's NVFP4); a format the device lacks is left out
+    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4"], Quantity]
     interconnect: Interconnect
     efficiency: Efficiency
     overheads: Overheads
+    # a profile fitted to NVIDIA's measured kernel database: the tables its kernels are timed from
+    kernel_tables: KernelTables | None = None
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:
@@ -172,19 +205,36 @@ class HardwareProfile(_Strict):
         return self
 
     def origin(self) -> str:
-        """Where the numbers come from, in a line: measured (by what, with the held-out error) or datasheet rates with
-        how many numbers are assumptions."""
+        """Where the numbers come from, in a line: measured kernel tables (interpolated, or their fitted curves where
+        the package is absent) with the held-out error; calibrated, by what, with the held-out error; or datasheet
+        rates with how many numbers are assumptions."""
         sources = _sources(self.model_dump())
         assumed = sum(source == ASSUMPTION for _, source in sources)
         if self.kind == "datasheet":
-            return f"datasheet rates; {assumed} of {len(sources)} numbers (efficiencies, overheads) assumed"
+            line = f"datasheet rates; {assumed} of {len(sources)} numbers (efficiencies, overheads) assumed"
+            device = self.name.split(".")[0]
+            sibling = next((d / f"{device}.yaml" for d in _search_dirs() if (d / f"{device}.yaml").is_file()), None)
+            if device != self.name and sibling is not None and "kernel_tables:" in sibling.read_text():
+                return line + f" (--hardware {device}: fitted to measured kernels)"
+            return line + " (no measured kernels of this device)" if device == self.name else line
         p = self.provenance
+        if self.kernel_tables is not None:
+            from costmodel import kerneldb  # the database's reader (pandas), only for such profiles
+
+            tables = self.kernel_tables
+            missing = kerneldb.unavailable(tables.package_version)
+            errors = tables.held_out_error if missing is None else p.held_out_error
+            line = f"measured: {tables.describe()} kernel tables, " + (
+                "interpolated" if missing is None else f"not here ({missing}): the curves fitted to them"
+            )
+            if errors:
+                line += " (held-out median error " + _errors(errors) + ")"
+            return line + f"; {_overheads_origin(self)}"
         fitted = sum(source == MEASURED for _, source in sources)
         what = (p.software or {}).get("source") or p.device or "measurements"
         line = f"calibrated: {fitted} numbers fitted to {what}"
         if p.held_out_error:
-            errs = ", ".join(f"{k} {v['median']:.0%}" for k, v in p.held_out_error.items() if "median" in v)
-            line += f" (held-out median error {errs})"
+            line += f" (held-out median error {_errors(p.held_out_error)})"
         return line + (f"; {assumed} assumed" if assumed else "")
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -219,6 +269,23 @@ class HardwareProfile(_Strict):
     def ridge_point(self, dtype: str = "bfloat16") -> float:
         """Arithmetic intensity (FLOP/byte) where the roofline turns: peak FLOP/s / peak B/s."""
         return self.peak_flops(dtype) / self.bandwidth
+
+
+def _errors(errors: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{k} {v['median']:.0%}" for k, v in errors.items() if "median" in v)
+
+
+def _overheads_origin(profile: HardwareProfile) -> str:
+    """Where a profile's host overheads come from, in words: measured, an engine preset's, or assumed."""
+    quantities = (profile.overheads.per_iteration_s, profile.overheads.per_sequence_s, profile.overheads.per_layer_s)
+    sources = {q.source for q in quantities}
+    if sources == {MEASURED}:
+        return "host overheads measured"
+    if all(s.startswith("engine:") for s in sources):
+        note = profile.provenance.notes
+        preset = note.split("engine preset ", 1)[1].split(" ", 1)[0].strip("'") if "engine preset " in note else ""
+        return f"host overheads of engine preset {preset or 'named in the profile'} (public sources, not measured)"
+    return "host overheads assumed"
 
 
 def _sources(data: Any, where: str = "") -> list[tuple[str, str]]:
@@ -276,6 +343,15 @@ def parse_hardware(data: dict[str, Any], origin: str = "profile") -> HardwarePro
             shown = "" if isinstance(value, dict) else f" (got {value!r})"
             problems.append(f"{loc}: {msg}{shown}")
         raise ValueError(f"{origin}: invalid hardware profile: " + "; ".join(problems)) from None
+
+
+def save_hardware(profile: HardwareProfile, path: Path, origin: str) -> None:
+    """Write ``profile`` as YAML to ``path`` with a two-line header naming the device and what wrote it (``origin``)."""
+    data = profile.model_dump(mode="json", exclude_none=True)
+    header = (
+        f"# {profile.name}: {profile.description}\n# Written by {origin}; see costmodel/hardware.py for the schema.\n"
+    )
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120))
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

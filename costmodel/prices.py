@@ -3,7 +3,8 @@
 The built-in prices are ``hwprofiles/prices.yaml``: on-demand list prices of public GPU clouds at the month each entry
 gives, i.e. assumptions a user replaces with their own. A user's file (``ferry plan --prices FILE``) has the same
 format and may list only some profiles: ``load_prices(path)`` is the built-in prices with the file's entries
-replacing or adding to them. The format, one entry per hardware name (a profile's ``name``, case-insensitive)::
+replacing or adding to them. A profile without an entry of its own takes its device's (the name before its first
+dot). The format, one entry per hardware name (a profile's ``name``, case-insensitive)::
 
     h100-sxm:
       usd_per_gpu_hour: 3.99              # > 0
@@ -69,8 +70,10 @@ def load_prices(path: str | Path | None = None) -> dict[str, Price]:
 
 
 def price_of(prices: dict[str, Price], hardware_name: str) -> Price:
-    """The price of one GPU of ``hardware_name`` (case-insensitive); ValueError saying how to add a missing one."""
-    price = prices.get(hardware_name.strip().lower())
+    """The price of one GPU of ``hardware_name`` (case-insensitive), or of its device (the name before its first
+    dot: ``h100-sxm.sglang`` and ``h100-sxm.datasheet`` are ``h100-sxm``'s profiles) when it has no entry of its own;
+    ValueError saying how to add a missing one."""
+    price = prices.get(hardware_name.strip().lower()) or prices.get(hardware_name.strip().lower().split(".")[0])
     if price is None:
         key = hardware_name.strip().lower()
         raise ValueError(

@@ -2,9 +2,11 @@
 
 One iteration (``IterationShape``) runs every kernel of the forward pass once per layer. Each kernel instance takes
 
-    max(FLOPs / (peak FLOP/s x eff_compute(FLOPs)), bytes / (peak B/s x eff_memory(bytes)))
+    max(floor, FLOPs / (peak FLOP/s x eff_compute(FLOPs)), bytes / (peak B/s x eff_memory(bytes)))
 
-with the efficiency curves of its operator class from the hardware profile (``costmodel.hardware``). The iteration adds
+with the efficiency curves and the per-kernel floor of its operator class from the hardware profile
+(``costmodel.hardware``). A profile fitted to NVIDIA's measured kernel database multiplies that by the measured
+tables' factor at the kernel's shape (``costmodel.kernel_tables``), where the package is installed. The iteration adds
 the tensor-parallel all-reduces and the host overheads:
 
     time = sum over kernels (instances x kernel time) + all-reduces + per_iteration + per_sequence x sequences
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from costmodel import formulas as f
+from costmodel import kernel_tables
 from costmodel.dtypes import PEAK_KEY, Dtypes
 from costmodel.formulas import KERNELS
 from costmodel.hardware import HardwareProfile
@@ -57,11 +60,15 @@ class KernelCost:
     # point (peak FLOP/s x max / (bandwidth x max)), else "memory"; judged without the fixed costs, which can make a
     # tiny kernel's time a toss-up between the two
     bound: str
+    floor_s: float = 0.0  # the least time one instance of its class takes (s)
+    factor: float = 1.0  # the measured table's time over the roofline's at this shape (1: no table)
 
     @property
     def time_s(self) -> float:
-        """One instance's time: the roofline maximum (s)."""
-        return max(self.compute_s, self.memory_s)
+        """One instance's time: the roofline maximum, at least the floor, times the measured table's factor (s); 0 for
+        a kernel with no work."""
+        t = max(self.compute_s, self.memory_s)
+        return max(t, self.floor_s) * self.factor if t > 0.0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +154,10 @@ class CostModel:
         dtype: str | None = None,
         kv_cache_dtype: str | None = None,
         quantization: str | None = None,
+        *,
+        tables: bool = True,
     ) -> None:
+        """``tables=False``: time kernels by the profile's curves even where it names measured kernel tables."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
         if model.num_attention_heads % tp:
@@ -178,7 +188,8 @@ class CostModel:
         self._w = self.dtypes.weight_bytes
         self._c = self.dtypes.kv_bytes
 
-        # (instances, compute rate FLOP/s, compute half-size FLOPs, memory rate B/s, memory half-size B) per kernel
+        # (instances, compute rate FLOP/s, compute half-size FLOPs, memory rate B/s, memory half-size B, floor s)
+        # per kernel
         eff = hardware.efficiency
         bw = hardware.bandwidth
         peak_of_class = {
@@ -199,6 +210,7 @@ class CostModel:
                     ce.compute.half_size,
                     bw * ce.memory.max,
                     ce.memory.half_size,
+                    ce.floor,
                 )
             )
         self._params = tuple(params)
@@ -228,7 +240,19 @@ class CostModel:
         consts[f.PER_ITERATION] = ov.per_iteration_s.value + ov.per_layer_s.value * self._L
         consts[f.PER_SEQUENCE] = ov.per_sequence_s.value
         self._consts = consts
-        self._args = (consts, self._kernel_params)
+        self.tables = kernel_tables.Tables()
+        # where the kernels' seconds come from, in words (``timing``), and why not the tables when they are named
+        self.timing = "the profile's roofline curves"
+        ref = hardware.kernel_tables
+        if ref is not None and tables:
+            try:
+                self.tables = kernel_tables.build(
+                    ref, model, tp, self.dtypes, self.gemm_dtype, consts, self._kernel_params
+                )
+                self.timing = f"measured kernel tables ({ref.describe()}), interpolated"
+            except ValueError as exc:  # the package is absent (or another version): the curves fitted to it
+                self.timing = f"the curves fitted to {ref.describe()} ({exc})"
+        self._args = (consts, self._kernel_params, self.tables.toc, self.tables.tab)
 
     # ----------------------------------------------------------------------------------------------------------------
     # public (the formulas themselves are in costmodel.formulas, shared with the simulator's compiled engine)
@@ -239,7 +263,7 @@ class CostModel:
             self._args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled
         )
 
-    def compiled(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+    def compiled(self) -> tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``(fn, args)`` for compiled callers: ``fn(args, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)``
         is ``iteration_time`` as a numba function."""
         return f.iteration_time, self._args
@@ -250,13 +274,21 @@ class CostModel:
     def kernels(self, shape: IterationShape) -> list[KernelCost]:
         """Every kernel of the iteration with its per-instance FLOPs, bytes and times (no overheads)."""
         sums = self._sums(shape)
+        T, P, D, S, pairs, _, dec_kv, seqs = sums
         work = f.kernel_work(self._consts, *sums[:7])
+        toc, tab = self.tables.toc, self.tables.tab
         out = []
         for i, ((name, op, op_class, _, _), row) in enumerate(zip(KERNELS, self._kernel_params, strict=True)):
             flops, nbytes = float(work[2 * i]), float(work[2 * i + 1])
             tc, tm = f.kernel_time(flops, nbytes, row)
             bound = "compute" if flops * row[f.M_RATE] >= nbytes * row[f.C_RATE] else "memory"
-            out.append(KernelCost(name, op, op_class, int(row[f.COUNT]), flops, nbytes, tc, tm, bound))
+            table = int(f.KERNEL_TABLE[i])
+            factor, roof = 1.0, max(tc, tm, row[f.FLOOR]) if max(tc, tm) > 0.0 else 0.0
+            if table >= 0 and roof > 0.0 and toc[table, f.NX] > 0:
+                factor = f.kernel_table_time(toc, tab, table, roof, T, D, S, seqs - D, pairs, dec_kv) / roof
+            out.append(
+                KernelCost(name, op, op_class, int(row[f.COUNT]), flops, nbytes, tc, tm, bound, row[f.FLOOR], factor)
+            )
         return out
 
     def explain(self, shape: IterationShape) -> IterationBreakdown:
@@ -276,11 +308,11 @@ class CostModel:
             for name, (fl, b, t, tc) in ops.items()
             if fl > 0.0 or b > 0.0
         )
-        comm_s, message = f.allreduce(self._consts, T)
+        comm_s, message = f.allreduce(self._consts, self.tables.toc, self.tables.tab, T)
         calls = int(self._consts[f.N_ALLREDUCE]) if comm_s > 0.0 else 0
         overhead = self._consts[f.PER_ITERATION] + self._consts[f.PER_SEQUENCE] * sums[7] if T > 0.0 else 0.0
         return IterationBreakdown(
-            time_s=f.time_of_sums(self._consts, self._kernel_params, sums),
+            time_s=f.time_of_sums(self._consts, self._kernel_params, self.tables.toc, self.tables.tab, sums),
             ops=op_costs,
             communication_s=comm_s,
             communication_bytes=calls * message,

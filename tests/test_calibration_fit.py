@@ -234,7 +234,7 @@ def test_noisy_data_fits_within_its_noise() -> None:
 
 def test_a_datasheet_base_keeps_its_rates_and_every_max_at_most_one() -> None:
     raw = synthetic_raw()
-    base = load_hardware("h100-sxm")  # far faster than TRUE: the fit stays below its peaks trivially
+    base = load_hardware("h100-sxm.datasheet")  # far faster than TRUE: the fit stays below its peaks trivially
     result = fit_profile(raw, name="anchored", base=base, measurements="raw.csv")
     hw = result.profile
     assert hw.peak_tflops == base.peak_tflops and hw.memory_bandwidth_gbps == base.memory_bandwidth_gbps
@@ -320,29 +320,29 @@ def _write_vidur(root: Path, device: str, hardware: str, scale: float) -> None:
 
 
 def test_fit_on_one_model_transfers_to_the_others_and_to_another_device(tmp_path: Path) -> None:
-    _write_vidur(tmp_path, "a100", "a100-80g", scale=1.3)
-    _write_vidur(tmp_path, "h100", "h100-sxm", scale=1.3)
+    _write_vidur(tmp_path, "a100", "a100-80g.datasheet", scale=1.3)
+    _write_vidur(tmp_path, "h100", "h100-sxm.datasheet", scale=1.3)
     report = fit_vidur(tmp_path, hardware="a100-80g", models=["Llama-2-7b"], name="a100-from-vidur")
-    assert report.hardware == "a100-80g" and report.fitted > 0
+    assert report.hardware == "a100-80g.datasheet" and report.fitted > 0  # the device's datasheet profile
     assert (report.fit.errors["median"] < 0.02).all(), report.fit.errors
     table = report.transfer.set_index(["rows", "op_class"])
     # other model on the fitted device, and both models on the other: before ~ 1 - 1/1.3 = 23% off, after ~ 0
     for key in (
-        ("a100-80g (fitted series, held out)", "gemm"),
-        ("a100-80g", "gemm"),
-        ("h100-sxm (transferred)", "gemm"),
+        ("a100-80g.datasheet (fitted series, held out)", "gemm"),
+        ("a100-80g.datasheet", "gemm"),
+        ("h100-sxm.datasheet (transferred)", "gemm"),
     ):
         assert table.loc[key, "before_median"] == pytest.approx(1 - 1 / 1.3, abs=0.02)
         assert table.loc[key, "after_median"] < 0.03
 
 
 def test_calibrate_from_vidur_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_vidur(tmp_path, "a100", "a100-80g", scale=1.2)
+    _write_vidur(tmp_path, "a100", "a100-80g.datasheet", scale=1.2)
     out = tmp_path / "a100.calibrated.yaml"
     args = ["calibrate", "--from-measurements", str(tmp_path), "--model", "Llama-2-7b", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed
     data = yaml.safe_load(out.read_text())
-    assert data["kind"] == "calibrated" and data["provenance"]["settings"]["hardware"] == "a100-80g"
+    assert data["kind"] == "calibrated" and data["provenance"]["settings"]["hardware"] == "a100-80g.datasheet"
     assert load_hardware(str(out)).efficiency.gemm.compute.source == MEASURED

@@ -213,7 +213,7 @@ def test_header_names_the_vllm_defaults_and_the_delivery(tmp_path: Path, capsys:
 
 
 def test_the_header_says_where_the_profiles_numbers_come_from(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert ferry("run", *SMALL, "--hardware", "a100-80g", "--out", str(tmp_path / "a")) == 0
+    assert ferry("run", *SMALL, "--hardware", "a100-80g.datasheet", "--out", str(tmp_path / "a")) == 0
     printed = capsys.readouterr().out
     assert re.search(
         r"Profile numbers: +datasheet rates; \d+ of \d+ numbers \(efficiencies, overheads\) assumed", printed
@@ -224,6 +224,14 @@ def test_the_header_says_where_the_profiles_numbers_come_from(tmp_path: Path, ca
     printed = capsys.readouterr().out
     assert "Profile numbers:" in printed and "calibrated: " in printed and "fitted to microsoft/vidur" in printed
     assert "held-out median error gemm" in printed
+    # the default profiles: fitted to NVIDIA's measured kernels, for vLLM, with vLLM V1's host overheads
+    assert ferry("run", *SMALL, "--hardware", "a100-80g", "--out", str(tmp_path / "c")) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("Profile numbers:"))
+    assert "measured: aiconfigurator-core 0.12.0 a100_sxm vllm 0.14.0 kernel tables, interpolated" in line
+    assert "engine preset vllm-v1" in line
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["hardware_profile"]["kind"] == "calibrated"
 
 
 def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> None:

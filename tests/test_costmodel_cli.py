@@ -136,7 +136,7 @@ def _ferry_ms(tokens: int, tp: int, hardware: str) -> dict[str, float]:
 
 def write_vidur(root: Path, factor: float) -> None:
     """mlp.csv rows whose 'measured' times are ``factor`` x ferry's own prediction, plus an A40 file to skip."""
-    for device, hardware in (("a100", "a100-80g"), ("h100", "h100-sxm")):
+    for device, hardware in (("a100", "a100-80g.datasheet"), ("h100", "h100-sxm.datasheet")):
         rows = []
         for tokens, tp in ((1, 1), (64, 1), (512, 2), (4096, 4)):
             ms = _ferry_ms(tokens, tp, hardware)
@@ -155,7 +155,7 @@ def write_vidur(root: Path, factor: float) -> None:
 
 def write_vidur_attention(root: Path) -> None:
     spec = ModelSpec("attn", 8192, 1, 64, 8, 128, 28672, 32000, 1 << 20, torch_dtype="float16")
-    cm = CostModel(spec, load_hardware("a100-80g"), tp=2, dtype="float16")
+    cm = CostModel(spec, load_hardware("a100-80g.datasheet"), tp=2, dtype="float16")
     rows = []
     for prefill, batch, chunk, ctx in (
         (True, 1, 512, 0),
@@ -191,7 +191,7 @@ def test_validate_kernels_reports_relative_errors(tmp_path, capsys) -> None:
     assert ferry(["validate-kernels", "--data", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     results = {(r["model"], r["hardware"], r["op"]): r for r in out["results"]}
-    for hardware in ("a100-80g", "h100-sxm"):
+    for hardware in ("a100-80g.datasheet", "h100-sxm.datasheet"):  # Vidur's devices are scored against datasheets
         for op in ("qkv_proj", "o_proj", "mlp", "rope", "embedding"):
             r = results[("meta-llama/Llama-2-7b-hf", hardware, op)]
             assert r["n"] == 4

@@ -13,17 +13,52 @@ from costmodel import HardwareProfile, builtin_hardware, load_hardware
 from costmodel.hardware import ASSUMPTION, NOT_PROFILES, PROFILES_DIR, parse_hardware
 
 DEVICES = ["a100-40g", "a100-80g", "h100-sxm", "h100-pcie", "h200", "l40s", "b200", "mi300x"]
+DEVICES += ["b300", "gb200", "gb300", "rtx-pro-6000"]
 SHIPPED = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem not in NOT_PROFILES)  # a new one included
-# the datasheet profiles (NAME.yaml); NAME.FIT.yaml is NAME with efficiencies fitted to published measurements
-DATASHEETS = [name for name in SHIPPED if "." not in name]
 
 
-def profile_data(name: str = "h100-sxm") -> dict[str, Any]:
+def profile_data(name: str = "h100-sxm.datasheet") -> dict[str, Any]:
     return yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+
+
+# the datasheet profiles: the devices without measured kernels (NAME.yaml) and the bases of those with them
+# (NAME.datasheet.yaml); NAME.vidur.yaml is fitted to Vidur's measurements, NAME[.ENGINE].yaml to NVIDIA's database
+DATASHEETS = [name for name in SHIPPED if profile_data(name)["kind"] == "datasheet"]
+MEASURED_KERNELS = [name for name in SHIPPED if profile_data(name).get("kernel_tables")]
 
 
 def test_every_device_the_issue_names_ships() -> None:
     assert set(DEVICES) <= set(builtin_hardware())
+
+
+def test_every_system_of_the_database_ships_for_every_engine_with_its_datasheet() -> None:
+    systems = ["a100-80g", "h100-sxm", "h200", "b200", "b300", "gb200", "gb300", "l40s", "rtx-pro-6000"]
+    expected = {f"{d}{e}" for d in systems for e in ("", ".sglang", ".trtllm")}
+    assert set(MEASURED_KERNELS) == expected
+    assert {f"{d}.datasheet" for d in systems} <= set(DATASHEETS)
+
+
+@pytest.mark.parametrize("name", MEASURED_KERNELS)
+def test_profiles_fitted_to_the_database_say_what_and_how_well(name: str) -> None:
+    hw = load_hardware(name)
+    tables = hw.kernel_tables
+    assert hw.kind == "calibrated" and tables is not None and tables.package_version == "0.12.0"
+    assert tables.framework == (name.split(".")[1] if "." in name else "vllm")
+    datasheet = load_hardware(name.split(".")[0] + ".datasheet")
+    assert hw.peaks() == datasheet.peaks() and hw.bandwidth == datasheet.bandwidth  # the device rates: its datasheet's
+    assert hw.memory_bytes == datasheet.memory_bytes and hw.link_bandwidth == datasheet.link_bandwidth
+    for cls in ("gemm", "attention_prefill", "attention_decode"):
+        eff = hw.efficiency.of(cls)
+        assert eff.compute.source == eff.memory.source == "measured" and "held-out error median" in eff.compute.note
+        assert eff.floor_s is not None and eff.floor_s.source == "measured"
+        assert 0 < tables.held_out_error[cls]["median"] < 0.1  # type: ignore[index]
+        assert hw.provenance.held_out_error and cls in hw.provenance.held_out_error
+    assert hw.efficiency.elementwise.compute.source == ASSUMPTION  # not in the database
+    sources = {hw.overheads.per_iteration_s.source, hw.overheads.per_sequence_s.source}
+    assert all(s.startswith("engine:") for s in sources)  # the engine's preset, cited
+    origin = hw.origin()
+    assert origin.startswith(f"measured: aiconfigurator-core 0.12.0 {tables.system} {tables.framework}")
+    assert "engine preset" in origin
 
 
 @pytest.mark.parametrize("name", DATASHEETS)

@@ -15,6 +15,7 @@ PUBLISHED_B = {
     "llama-3-8b": 8.03,
     "llama-3.1-8b": 8.03,
     "llama-3-70b": 70.6,
+    "llama-3.1-70b": 70.6,
     "qwen2.5-7b": 7.62,
     "mistral-7b": 7.24,
     "mixtral-8x7b": 46.7,

@@ -1,4 +1,8 @@
-"""Iteration time: what must hold of the roofline (bounds, monotonicity, TP, dtypes) and that explain agrees with it."""
+"""Iteration time: what must hold of the roofline (bounds, monotonicity, TP, dtypes) and that explain agrees with it.
+
+The roofline's own laws are checked on the datasheet profiles (``NAME.datasheet``) and on the curves fitted to the
+measured database (``tables=False``); the profiles that time kernels from the measured tables are checked in
+``tests/test_kernel_tables.py``, and for explain's agreement here."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ from costmodel.roofline import KERNELS
 
 
 @cache
-def cost_model(model: str = "llama-3-8b", hardware: str = "h100-sxm", tp: int = 1, **kw: str) -> CostModel:
-    return CostModel(load_model(model), load_hardware(hardware), tp=tp, **kw)
+def cost_model(
+    model: str = "llama-3-8b", hardware: str = "h100-sxm.datasheet", tp: int = 1, tables: bool = True, **kw: str
+) -> CostModel:
+    return CostModel(load_model(model), load_hardware(hardware), tp=tp, tables=tables, **kw)
 
 
 def shape(prefill: list[tuple[int, int]] | None = None, decode: list[tuple[int, int]] | None = None) -> IterationShape:
@@ -29,16 +35,22 @@ def shape(prefill: list[tuple[int, int]] | None = None, decode: list[tuple[int, 
 # shapes: up to 4 prefill chunks (new, cached) and up to 4 decode groups (count, context)
 chunks = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), max_size=4)
 decodes = st.lists(st.tuples(st.integers(1, 64), st.integers(0, 8192)), max_size=4)
-setups = st.sampled_from(
-    [
-        ("llama-3-8b", "h100-sxm", 1, {}),
-        ("llama-2-7b", "a100-80g", 2, {}),
-        ("mixtral-8x7b", "h100-sxm", 4, {}),
-        ("mistral-7b", "l40s", 1, {"kv_cache_dtype": "fp8"}),
-        ("qwen2.5-7b", "mi300x", 1, {"quantization": "int4"}),
-        ("llama-3-70b", "b200", 8, {"quantization": "fp8"}),
-    ]
-)
+ROOFLINES = [
+    ("llama-3-8b", "h100-sxm.datasheet", 1, {}),
+    ("llama-2-7b", "a100-80g.datasheet", 2, {}),
+    ("mixtral-8x7b", "h100-sxm.datasheet", 4, {}),
+    ("mistral-7b", "l40s.datasheet", 1, {"kv_cache_dtype": "fp8"}),
+    ("qwen2.5-7b", "mi300x", 1, {"quantization": "int4"}),
+    ("llama-3-70b", "b200.datasheet", 8, {"quantization": "fp8"}),
+    # the curves and floors fitted to the measured database, without its tables
+    ("llama-3-8b", "h100-sxm", 2, {"tables": False}),
+    ("qwen2.5-7b", "l40s.sglang", 1, {"tables": False, "kv_cache_dtype": "fp8"}),
+    ("llama-3-70b", "gb200.trtllm", 4, {"tables": False, "quantization": "fp8"}),
+]
+setups = st.sampled_from(ROOFLINES)
+# the same with the measured tables where the profile has them (and the package is installed)
+with_tables = st.sampled_from(ROOFLINES[:6] + [(m, h, tp, {k: v for k, v in kw.items() if k != "tables"})
+                                               for m, h, tp, kw in ROOFLINES[6:]])  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -46,7 +58,7 @@ setups = st.sampled_from(
 
 
 @settings(max_examples=60, deadline=None)
-@given(setups, chunks, decodes)
+@given(with_tables, chunks, decodes)
 def test_explain_agrees_with_iteration_time(setup, prefill, decode) -> None:
     model, hw, tp, kw = setup
     cm = cost_model(model, hw, tp, **kw)
@@ -98,7 +110,7 @@ def test_prefill_of_2048_tokens_is_compute_bound_on_h100() -> None:
     assert 0.035 < b.gpu_time_s < 0.07
 
 
-def _ideal_profile(name: str = "h100-sxm"):
+def _ideal_profile(name: str = "h100-sxm.datasheet"):
     """A profile whose every curve is flat at 100%: the datasheet roofline itself."""
     data = copy.deepcopy(yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text()))
     for cls in ("gemm", "attention_prefill", "attention_decode", "elementwise"):

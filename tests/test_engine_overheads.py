@@ -19,7 +19,7 @@ from experiments.studies import engine_overheads as study
 from experiments.sweep.spec import SweepSpec, expand
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-SMALL = ["--model", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "30", "--request-rate", "20",
+SMALL = ["--model", "llama-3-8b", "--hardware", "h100-sxm.datasheet", "--num-prompts", "30", "--request-rate", "20",
          "--input-len", "uniform:16:256", "--output-len", "uniform:8:48", "--seed", "5"]  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def test_every_value_cites_a_public_page_and_says_how_it_was_derived() -> None:
 
 @pytest.mark.parametrize("name", list_engines())
 def test_apply_engine_changes_the_overheads_only(name: str) -> None:
-    base = load_hardware("h100-sxm")
+    base = load_hardware("h100-sxm.datasheet")
     hw = apply_engine(base, name)
     preset = get_engine(name)
     ov = hw.overheads
@@ -64,11 +64,11 @@ def test_apply_engine_changes_the_overheads_only(name: str) -> None:
     assert ov.per_iteration_s.source in hw.provenance.sources
     assert repr(name) in hw.provenance.notes
     assert base.overheads != ov  # and the profile it came from is untouched
-    assert load_hardware("h100-sxm") == base
+    assert load_hardware("h100-sxm.datasheet") == base
 
 
 def test_apply_engine_refuses_measured_overheads_only() -> None:
-    data = load_hardware("h100-sxm").model_dump()
+    data = load_hardware("h100-sxm.datasheet").model_dump()
     data["kind"] = "calibrated"
     data["provenance"].update(device="NVIDIA H100", software={"torch": "2.4"}, date="2025-01-01", measurements="m.csv")
     data["overheads"]["per_iteration_s"]["source"] = "measured"
@@ -95,13 +95,13 @@ def test_vidur_fitted_profiles_say_what_they_were_fitted_on(name: str) -> None:
     assert (hw.peaks(), hw.bandwidth) == (base.peaks(), base.bandwidth)  # the device's rates
 
 
-@pytest.mark.parametrize("device", ["h100-sxm", "a100-80g"])
+@pytest.mark.parametrize("device", ["h100-sxm.datasheet", "a100-80g.datasheet"])
 def test_vllm_v1_decodes_a_large_batch_faster_than_the_datasheet_default(device: str) -> None:
     base = load_hardware(device)
     assert decode_s(apply_engine(base, "vllm-v1"), 256) < decode_s(base, 256)
 
 
-@pytest.mark.parametrize("device", ["h100-sxm", "a100-80g"])
+@pytest.mark.parametrize("device", ["h100-sxm.datasheet", "a100-80g.datasheet"])
 def test_eager_is_slower_than_vllm_v1_at_every_batch_size(device: str) -> None:
     base = load_hardware(device)
     eager, v1 = apply_engine(base, "eager"), apply_engine(base, "vllm-v1")
@@ -115,7 +115,7 @@ def test_a_per_step_gpu_cost_is_added_to_the_per_iteration_term(monkeypatch: pyt
     data["engines"]["vllm-v1"]["per_step_gpu_s"] = gpu
     book = parse_engines(data)
     monkeypatch.setattr(engines, "load_engines", lambda path=None: book)
-    hw = apply_engine(load_hardware("h100-sxm"), "vllm-v1")
+    hw = apply_engine(load_hardware("h100-sxm.datasheet"), "vllm-v1")
     assert hw.overheads.per_iteration_s.value == pytest.approx(book.engines["vllm-v1"].per_iteration_s.value + 3e-4)
     assert "fixed GPU cost" in hw.overheads.per_iteration_s.note
 
@@ -182,7 +182,7 @@ def test_a_sweep_varies_the_preset() -> None:
 
 
 def test_ferry_iteration_takes_the_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["iteration", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--decode", "256@1024", "--json"]
+    args = ["iteration", "--model", "llama-3-8b", "--hardware", "h100-sxm.datasheet", "--decode", "256@1024", "--json"]
     assert main(args) == 0
     default = json.loads(capsys.readouterr().out)
     assert main([*args, "--engine-overheads", "vllm-v1"]) == 0

@@ -1,62 +1,50 @@
 """NVIDIA's measured kernel database (the ``aiconfigurator-core`` package), read as ferry's measured-kernel rows.
 
-``aiconfigurator-core`` (Apache-2.0; ``pip install 'ferry[measured]'``) ships per-kernel latencies measured on each
-GPU for each serving engine, as Parquet under ``aiconfigurator_core/systems/data/<system>/<family>/<framework>/
-<version>/``. Each row is one call of one kernel for one layer on one GPU, its ``latency`` in milliseconds (the
-package's own loader, and a GEMM's speed-of-light bound ``2mnk / flops x 1000``, both say so); attention head counts
-are per GPU (after tensor parallelism). The tables read here:
-
-- ``gemm/.../gemm_perf``: ``gemm_dtype, m, n, k`` (tokens x output features x input features);
-- ``attention/.../context_attention_perf``: prefill attention of ``batch_size`` prompts of ``isl`` tokens, nothing
-  cached (``step`` 0), ``num_heads``, ``num_key_value_heads``, ``head_dim``, ``kv_cache_dtype``, ``window_size``;
-- ``attention/.../generation_attention_perf``: one decode step of ``batch_size`` sequences whose context, the new
-  token included, is ``isl + step`` tokens.
-
-A table may hold several kernels for the same key (``kernel_source``: FlashAttention 3 and 4 on an H100); for each
-dtype the one with the most rows, the engine's usual kernel, is kept. ``load_measured`` turns the rows that ferry's
-built-in models run (their exact GEMM shapes and head counts at each tensor parallelism) into the rows of
-``costmodel.calibration.vidur`` (``COLUMNS``), so ``predict`` and ``errors`` score a profile against them as against
-Vidur's profiles.
+The tables themselves, their units and which kernel of each shape is kept are ``costmodel.kerneldb``'s. Here:
+``read_tables`` gathers one system's GEMM and attention tables for one engine version, and ``load_measured`` turns
+the rows that ferry's built-in models run (their exact GEMM shapes and head counts at each tensor parallelism) into
+the rows of ``costmodel.calibration.vidur`` (``COLUMNS``), so ``predict`` and ``errors`` score a profile against them
+as against Vidur's profiles.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
+from costmodel import kerneldb
 from costmodel.calibration.vidur import COLUMNS
+from costmodel.kerneldb import FRAMEWORKS, current_version, data_root
 from costmodel.model_spec import ModelSpec, load_model
 
-PACKAGE = "aiconfigurator_core"
-# the database's systems ferry has a profile for -> that profile
-SYSTEMS = {"a100_sxm": "a100-80g", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "l40s": "l40s"}
-FRAMEWORKS = ("vllm", "sglang", "trtllm")
+__all__ = ["FRAMEWORKS", "SYSTEMS", "Tables", "current_version", "data_root", "load_measured", "read_tables"]
+
+PACKAGE = kerneldb.PACKAGE
+# the database's systems -> ferry's device: its profile fitted to them is the device's name (vLLM's kernels),
+# NAME.sglang and NAME.trtllm; its datasheet profile NAME.datasheet
+SYSTEMS = {
+    "a100_sxm": "a100-80g",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "l40s": "l40s",
+    "rtx_pro_6000_server": "rtx-pro-6000",
+}
 # the shapes the rows are taken for: ferry's built-in dense models, each at the tensor parallelisms its heads allow
 MODELS = ("llama-3-8b", "llama-2-7b", "qwen2.5-7b", "llama-3-70b")
 TPS = (1, 2, 4, 8)
 
 
-def data_root() -> Path:
-    """The installed package's ``systems`` folder (found without importing the package's compiled engine)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "aiconfigurator-core is not installed: pip install 'ferry[measured]' (aiconfigurator-core==0.12.0, "
-            "NVIDIA's measured kernel tables)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "systems"
-
-
-def current_version(system: str, framework: str, root: Path | None = None) -> str:
-    """The version the package queries by default for ``system`` and ``framework`` (``query_versions.yaml``)."""
-    versions = yaml.safe_load(((root or data_root()) / "query_versions.yaml").read_text())
-    entry = (versions.get("overrides") or {}).get(system, {}).get(framework) or versions["defaults"][framework]
-    return str(entry["current"])
+def profile_name(system: str, framework: str) -> str:
+    """The name of ferry's profile of ``system`` fitted to ``framework``'s kernels."""
+    device = SYSTEMS.get(system, system.replace("_", "-"))
+    return device if framework == "vllm" else f"{device}.{framework}"
 
 
 @dataclass(frozen=True)
@@ -76,33 +64,34 @@ def read_tables(system: str, framework: str = "vllm", version: str | None = None
     root = root or data_root()
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework={framework!r}: choose one of {', '.join(FRAMEWORKS)}")
-    data = root / "data" / system
-    if not data.is_dir():
-        known = sorted(p.name for p in (root / "data").iterdir() if any(p.rglob("*.parquet")))
-        raise ValueError(f"system={system!r}: the database has no such system (it has: {', '.join(known)})")
+    if not (root / "data" / system).is_dir():
+        raise ValueError(
+            f"system={system!r}: the database has no such system (it has: {', '.join(kerneldb.systems(root))})"
+        )
     version = version or current_version(system, framework, root)
-
-    def table(family: str, name: str) -> pd.DataFrame:
-        path = data / family / framework / version / f"{name}.parquet"
-        if not path.is_file():
-            raise ValueError(f"{system} {framework} {version}: no {family}/{name}.parquet in the database ({path})")
-        frame = pd.read_parquet(path)
-        if "kernel_source" in frame.columns:  # per dtype, the kernel with the most rows
-            by = "gemm_dtype" if "gemm_dtype" in frame.columns else "kv_cache_dtype"
-            usual = frame.groupby(by)["kernel_source"].agg(lambda k: k.value_counts().idxmax())
-            frame = frame[frame["kernel_source"].to_numpy() == usual.loc[frame[by]].to_numpy()]
-        frame = frame[frame["latency"] > 0].copy()
-        frame["latency_s"] = frame["latency"] * 1e-3  # the database's milliseconds
-        return frame.reset_index(drop=True)
-
     return Tables(
         system,
         framework,
         version,
-        table("gemm", "gemm_perf"),
-        table("attention", "context_attention_perf"),
-        table("attention", "generation_attention_perf"),
+        kerneldb.read(system, "gemm_perf", framework, version, root),
+        kerneldb.read(system, "context_attention_perf", framework, version, root),
+        kerneldb.read(system, "generation_attention_perf", framework, version, root),
     )
+
+
+def model_shapes(
+    models: tuple[str, ...] = MODELS, tps: tuple[int, ...] = TPS
+) -> tuple[set[tuple[int, int]], set[tuple[int, int, int]]]:
+    """The (n, k) of the GEMMs and the (heads, KV heads, head size) per GPU that ``models`` run at ``tps``."""
+    gemms, heads = set(), set()
+    for name in models:
+        spec = load_model(name)
+        for tp in tps:
+            if spec.num_attention_heads % tp or spec.num_key_value_heads % tp or spec.intermediate_size % tp:
+                continue
+            gemms |= set(_gemms(spec, tp).values())
+            heads.add((spec.num_attention_heads // tp, spec.num_key_value_heads // tp, spec.head_dim))
+    return gemms, heads
 
 
 def _gemms(spec: ModelSpec, tp: int) -> dict[str, tuple[int, int]]:

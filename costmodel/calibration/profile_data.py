@@ -56,6 +56,10 @@ def profile_data(
     act_key = PEAK_KEY[dtype]
     if base is not None:
         data = base.model_dump(mode="json")
+        # this fit's curves stand alone: not the base's measured kernel tables, nor its floors (which it does not fit)
+        data.pop("kernel_tables", None)
+        for c in OP_CLASSES:
+            data["efficiency"][c].pop("floor_s", None)
         fitted_to = f"whole {dtype} iterations" if inside_iterations else f"measured {dtype} kernels"
         what = "efficiencies and overheads" if fitted_overheads else "efficiencies"
         kept = "" if fitted_overheads else f" (the overheads are {base.name}'s, not measured here)"

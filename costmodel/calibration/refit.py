@@ -124,6 +124,8 @@ def fit_vidur(data_dir: str | Path, *, hardware: str | None, models: list[str], 
     head shape is one of those models'. Score the fit on its held-out half, and every other row before and after."""
     df, _ = load_vidur(data_dir)
     devices = sorted(df["hardware"].unique())
+    if hardware is not None and hardware not in devices and f"{hardware}.datasheet" in devices:
+        hardware = f"{hardware}.datasheet"  # the device's name: the datasheet profile its measurements are fitted from
     if hardware is None:
         if len(devices) != 1:
             raise ValueError(f"the data covers {', '.join(devices)}: choose the device to fit with --hardware")

@@ -26,8 +26,9 @@ from costmodel.model_spec import ModelSpec
 from costmodel.roofline import CostModel
 from costmodel.shape import IterationShape
 
-# Vidur's device directory -> ferry's hardware profile
-VIDUR_HARDWARE = {"a100": "a100-80g", "h100": "h100-sxm"}
+# Vidur's device directory -> ferry's datasheet profile of that GPU (what the measurements are scored against and
+# fitted from; ``a100-80g`` and ``h100-sxm`` themselves are fitted to NVIDIA's kernel database)
+VIDUR_HARDWARE = {"a100": "a100-80g.datasheet", "h100": "h100-sxm.datasheet"}
 
 # ferry operator -> (Vidur columns whose medians add up to it, ferry kernels with their instances per layer)
 LINEAR_OPS: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {

@@ -3,6 +3,7 @@
     ferry calibrate --device cpu|cuda[:i] [--threads N] --dtype float32|bfloat16|float16 --model NAME_OR_CONFIG.json
                     [--model ...] [--quick | --grid full|quick|smoke] --out PROFILE.yaml
     ferry calibrate --from-measurements FILE_OR_DIR [--hardware NAME] [--model FILTER ...] --out PROFILE.yaml
+    ferry calibrate --from-aiconfigurator SYSTEM [--framework vllm|sglang|trtllm] [--version V] --out PROFILE.yaml
 
 The first form runs, with PyTorch on the device, the kernels of an iteration at the shapes of each model
 (``costmodel.calibration.harness``), a copy (bandwidth), an empty step, all-reduces when several GPUs are visible, and
@@ -16,6 +17,9 @@ The second form fits without running anything: from a raw CSV this command wrote
 directory of Vidur's published profiles (``compute/<device>/...``). For Vidur's data it fits the rows of the models
 matching ``--model`` on ``--hardware`` and also reports the error on every other row, before (the datasheet profile)
 and after (the fitted one; on another device, the fitted efficiencies applied to that device's datasheet rates).
+
+The third fits NVIDIA's measured kernel database (``aiconfigurator-core``) for one GPU and serving engine
+(``experiments.commands.calibrate_measured``).
 """
 
 from __future__ import annotations
@@ -30,27 +34,32 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from costmodel.calibration import device as devices
 from costmodel.calibration import grids, harness
 from costmodel.calibration import kernels as K
+from costmodel.calibration.aiconfigurator import FRAMEWORKS, SYSTEMS
 from costmodel.calibration.fit import WorkCounter
 from costmodel.calibration.iterations import iteration_row
 from costmodel.calibration.profile import FitResult, fit_profile, format_errors
-from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware
+from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware, save_hardware
 from costmodel.model_spec import ModelSpec, load_model
 from costmodel.roofline import CostModel
 
-# datasheet profiles of the GPUs torch may report: (words all in the device name, profile)
+# datasheet profiles of the GPUs torch may report: (words all in the device name, profile); a name that contains
+# another's words comes first ("GB200" before "B200", "L40S" before "L4")
 GPU_PROFILES = (
-    (("H200",), "h200"),
+    (("H200",), "h200.datasheet"),
     (("H100", "PCIE"), "h100-pcie"),
-    (("H100",), "h100-sxm"),
+    (("H100",), "h100-sxm.datasheet"),
     (("A100", "40GB"), "a100-40g"),
-    (("A100",), "a100-80g"),
-    (("L40S",), "l40s"),
-    (("B200",), "b200"),
+    (("A100",), "a100-80g.datasheet"),
+    (("L40S",), "l40s.datasheet"),
+    (("GB300",), "gb300.datasheet"),
+    (("GB200",), "gb200.datasheet"),
+    (("B300",), "b300.datasheet"),
+    (("B200",), "b200.datasheet"),
+    (("RTX", "PRO", "6000"), "rtx-pro-6000.datasheet"),
     (("MI300X",), "mi300x"),
 )
 
@@ -148,12 +157,35 @@ def register(subparsers: Any) -> None:
         "fit --base's efficiencies and overheads to them for --model",
     )
     g.add_argument("--engine", default=None, help="--from-iterations: the engine measured (words, for the profile)")
+    g.add_argument(
+        "--from-aiconfigurator",
+        default=None,
+        metavar="SYSTEM",
+        help="fit to NVIDIA's measured kernel database (aiconfigurator-core, pip install 'ferry[measured]'): "
+        + ", ".join(sorted(SYSTEMS)),
+    )
+    g.add_argument(
+        "--framework", choices=FRAMEWORKS, default="vllm", help="--from-aiconfigurator: whose kernels (default vllm)"
+    )
+    g.add_argument("--version", default=None, help="--from-aiconfigurator: the engine release (default: the package's)")
+    g.add_argument(
+        "--engine-overheads",
+        default=None,
+        help="--from-aiconfigurator: the host-overhead preset (default: the framework's; hwprofiles/engines.yaml)",
+    )
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.from_measurements is not None and args.from_iterations is not None:
-        raise ValueError("give --from-measurements or --from-iterations, not both")
+    sources = [
+        s for s in ("from_measurements", "from_iterations", "from_aiconfigurator") if getattr(args, s) is not None
+    ]
+    if len(sources) > 1:
+        raise ValueError(f"give one of --{sources[0].replace('_', '-')} and --{sources[1].replace('_', '-')}, not both")
+    if args.from_aiconfigurator is not None:
+        from experiments.commands.calibrate_measured import from_database
+
+        return from_database(args)
     if args.from_measurements is not None:
         return _refit(args)
     if args.from_iterations is not None:
@@ -192,12 +224,7 @@ def raw_path_of(profile: Path) -> Path:
     return profile.with_name(profile.stem + ".raw.csv")
 
 
-def write_profile(profile: HardwareProfile, path: Path, origin: str) -> None:
-    data = profile.model_dump(mode="json", exclude_none=True)
-    header = (
-        f"# {profile.name}: {profile.description}\n# Written by {origin}; see costmodel/hardware.py for the schema.\n"
-    )
-    path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120))
+write_profile = save_hardware  # the profile file with its header (where other commands imported it from)
 
 
 def base_profile(base: str | None, device: Any) -> HardwareProfile | None:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from costmodel.calibration.iterations import fit_iterations, read_iterations
 from costmodel.calibration.profile import format_errors
-from costmodel.hardware import load_hardware
+from costmodel.hardware import load_hardware, save_hardware
 from costmodel.model_spec import load_model
-from experiments.commands.calibrate import write_profile
 
 
 def from_iterations(args: argparse.Namespace) -> int:
@@ -44,7 +43,7 @@ def from_iterations(args: argparse.Namespace) -> int:
         measurements=str(source),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_profile(result.profile, out, f"ferry calibrate --from-iterations {source}")
+    save_hardware(result.profile, out, f"ferry calibrate --from-iterations {source}")
     fit_path = out.with_name(out.stem + ".fit.csv")
     rows = result.rows[["shape", "median_s", "predicted_s", "held_out"]].rename(columns={"median_s": "measured_s"})
     rows.to_csv(fit_path, index=False)

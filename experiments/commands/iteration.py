@@ -158,6 +158,7 @@ def to_json(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: a
         prefill=list(args.prefill),
         decode=list(args.decode),
         memory=memory_note(cm, shape)[0],
+        hardware_profile={"origin": cm.hardware.origin(), "kernel_times": cm.timing, "notes": list(cm.tables.notes)},
     )
     return out
 
@@ -170,6 +171,8 @@ def render(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: ar
         parts.append(f"{shape.num_decode_seqs} decode(s)")
     lines = [
         cm.describe() + ("" if cm.hardware.kind == "calibrated" else "  [datasheet profile: efficiencies assumed]"),
+        f"profile numbers: {cm.hardware.origin()}",
+        f"kernel times: {cm.timing}" + "".join(f"; {note}" for note in cm.tables.notes),
         f"iteration: {'; '.join(parts)}; {b.num_tokens} tokens, {b.num_sampled} sampled",
         f"predicted time: {b.time_s * 1e3:.3f} ms  (GPU operators {b.gpu_time_s * 1e3:.3f} ms, {b.bound}-bound; "
         f"communication {b.communication_s * 1e3:.3f} ms; host overhead {b.overhead_s * 1e3:.3f} ms)",

@@ -26,7 +26,7 @@ from costmodel import CostModel, HardwareProfile, IterationShape, load_hardware,
 from costmodel.engines import apply_engine, list_engines, load_engines
 
 MODEL = "llama-3-8b"
-DEVICES = ("h100-sxm", "a100-80g")
+DEVICES = ("h100-sxm.datasheet", "a100-80g.datasheet")  # their own overheads: the datasheet assumption
 DEFAULT = "datasheet"  # the profile's own overheads
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXT = 1024  # tokens in each decoding sequence's KV cache
@@ -90,7 +90,7 @@ TRTLLM_H100_FP8 = (
 # how the runs are set up, fixed before looking at the table: TensorRT-LLM's defaults where its docs give them
 # (max_num_tokens 8192, a KV fraction of 0.95 "in many cases", CUDA graphs up to batch 8192), bf16 KV cache (the
 # ModelOpt FP8 checkpoints quantize weights, not the KV cache)
-TRTLLM_RUN = {"model": MODEL, "hardware": "h100-sxm", "quantization": "fp8", "policy": "chunked",
+TRTLLM_RUN = {"model": MODEL, "hardware": "h100-sxm.datasheet", "quantization": "fp8", "policy": "chunked",
               "max_num_seqs": 2048, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.95,
               "request_rate": math.inf}  # fmt: skip
 # set AFTER seeing the table (a sensitivity, not a check): an FP8 KV cache, and admission that reserves each
@@ -153,7 +153,7 @@ def device_tables(device: str) -> str:
 
 
 def chosen_text() -> str:
-    hw = profiles("a100-80g")
+    hw = profiles("a100-80g.datasheet")
     layers = load_model(MODEL).num_hidden_layers
     lines = ["CHOSEN FROM (the numbers were derived from these points; a fit, not evidence)"]
     for point in CHOSEN_FROM:
@@ -172,7 +172,7 @@ def relative(predicted: float, measured: float) -> float:
 
 
 def held_out_steps() -> tuple[str, dict[str, list[float]]]:
-    hw = profiles("h100-sxm")
+    hw = profiles("h100-sxm.datasheet")
     errors: dict[str, list[float]] = {name: [] for name in hw}
     lines = ["HELD OUT: per-step times (no preset number was chosen from these)"]
     for what, source, measured, batch, context in HELD_OUT_STEPS:
