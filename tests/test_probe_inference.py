@@ -81,6 +81,29 @@ def test_a_chunked_prompt_is_shared_by_its_enlarged_gaps() -> None:
     assert [r["prefill_sampled"] for r in rows] == [0, 1]
 
 
+def test_with_the_budget_known_the_prompts_iterations_are_the_last_enlarged_gaps_in_vllms_chunks() -> None:
+    """A server taking a request in slows the step during which it arrives (its front end shares the machine):
+    that enlarged gap is no prefill. With the budget known, the prompt's iterations are the last ones before its first
+    token, in chunks of the budget less the running decodes (vLLM V1 schedules the decodes first)."""
+    batch, prompt, inject, budget = 2, 64, 301, 256
+    times, t = [], 0.2
+    for k in range(30):
+        times.append(t)
+        t += {11: 0.03, 12: 0.07, 13: 0.05}.get(k, step_time(batch, prompt + k))  # 11: the request taken in
+    background = [stream(0.0, times, prompt) for _ in range(batch)]
+    injected = stream(times[11] - 0.001, [times[14]], inject)
+    rows = mixed_rows(background, injected, budget)
+    assert [json.loads(r["prefill_chunks"]) for r in rows] == [[[254, 0]], [[47, 254]]]
+    assert [r["duration_s"] for r in rows] == pytest.approx([0.07, 0.05])
+    assert [r["prefill_sampled"] for r in rows] == [0, 1]
+    # a prompt that fits one iteration: only the gap that ends with its first token
+    one = stream(times[11] - 0.001, [times[14]], 200)
+    (row,) = mixed_rows(background, one, budget)
+    assert json.loads(row["prefill_chunks"]) == [[200, 0]] and row["duration_s"] == pytest.approx(0.05)
+    # more iterations than enlarged gaps seen: nothing is guessed
+    assert mixed_rows(background, stream(times[11] - 0.001, [times[14]], 900), budget) == []
+
+
 def test_ttft_is_the_median_of_the_repeats_and_counts_the_servers_tokens() -> None:
     repeats = [stream(1.0, [1.05], 128), stream(2.0, [2.04], 128), stream(3.0, [3.30], 128)]
     repeats[0].prompt_tokens = repeats[1].prompt_tokens = repeats[2].prompt_tokens = 129  # e.g. a BOS added

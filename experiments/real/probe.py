@@ -248,8 +248,15 @@ def decode_rows(streams: list[C.Stream]) -> list[dict[str, Any]]:
     return rows
 
 
-def mixed_rows(background: list[C.Stream], injected: C.Stream | None) -> list[dict[str, Any]]:
-    """Rows of the iterations that computed the injected prompt alongside the running decodes."""
+def mixed_rows(
+    background: list[C.Stream], injected: C.Stream | None, budget: int | None = None
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows of the iterations that computed the injected prompt alongside the running decodes. With the server's
+    token budget known, the prompt took ``ceil(P / (budget - B))`` iterations of ``budget - B`` tokens and the rest
+    (B running decodes each take a token first, as vLLM V1's one pass does): the last that many enlarged gaps up to
+    its first token are they, and an enlarged gap before them (the step during which the server took the request in,
+    slowed by that work on a machine that shares its cores) is no prefill. Without it, each enlarged gap is taken
+    for an iteration with an equal share of the prompt."""
     good = [s for s in background if s.ok and not s.coalesced]
     if injected is None or not injected.ok or not good or len(good) < len(background):
         return []
@@ -267,8 +274,16 @@ def mixed_rows(background: list[C.Stream], injected: C.Stream | None) -> list[di
     enlarged = [k for k in ends if t[k] - t[k - 1] > ENLARGED * typical]
     if not enlarged or any(t[-1] <= t_first for t in (np.asarray(s.chunk_s) for s in good)):
         return []
-    share = np.full(len(enlarged), injected.tokens // len(enlarged))
-    share[: injected.tokens % len(enlarged)] += 1
+    room = (budget or 0) - len(background)
+    if room > 0:
+        chunks = -(-injected.tokens // room)
+        if len(enlarged) < chunks:
+            return []  # fewer enlarged gaps than the prompt's iterations: one was not seen
+        enlarged = enlarged[-chunks:]
+        share = np.array([min(room, injected.tokens - j * room) for j in range(chunks)])
+    else:
+        share = np.full(len(enlarged), injected.tokens // len(enlarged))
+        share[: injected.tokens % len(enlarged)] += 1
     rows, done = [], 0
     for j, k in enumerate(enlarged):
         when = t[k]
@@ -304,7 +319,7 @@ def iteration_rows(run: ProbeRun) -> pd.DataFrame:
         if e.kind == "ttft":
             got = [r] if (r := ttft_row(e.streams)) else []
         elif e.kind == "mixed":
-            got = mixed_rows(e.streams, e.injected)
+            got = mixed_rows(e.streams, e.injected, run.max_num_batched_tokens)
         else:
             got = decode_rows(e.streams)
         rows += [{"client_requests": 0.0} | r | {"kind": e.kind, "experiment": i, "held_out": e.held_out} for r in got]
