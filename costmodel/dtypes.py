@@ -5,7 +5,9 @@ Compression shows up in serving through these three choices, which ferry keeps a
   ``torch_dtype``, except that float32 checkpoints run in float16 (vLLM's rule for ``auto``);
 - ``quantization`` (vLLM ``--quantization``): the linear-layer weights of the transformer blocks, fewer bytes per decode
   step (fp8 with one scale per tensor, ``fp8_block`` with one per 128 x 128 block as DeepSeek's and Qwen3's FP8
-  checkpoints, ``nvfp4`` (4-bit floats with an FP8 scale per 16, Blackwell's tensor cores), int8 or int4;
+  checkpoints, ``nvfp4`` (4-bit floats with an FP8 scale per 16, Blackwell's tensor cores), ``mxfp4`` (4-bit floats
+  with an 8-bit power-of-two scale per 32, GPT-OSS's experts; weight-only: multiplied in the activation format, as
+  vLLM's Marlin/Triton MXFP4 MoE on Hopper), int8 or int4;
   ``awq``/``gptq`` are int4 weight-only);
 - ``kv_cache_dtype`` (vLLM ``--kv-cache-dtype``): the KV cache, more tokens per GiB (``auto`` = ``dtype``; ``fp8``).
 """
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 
 # bytes per element of each canonical format (int4 packs two weights per byte; group scales are not counted, they add
 # about 16 bits per 128 weights, ~3%; fp8_block's one fp32 scale per 128 x 128 weights is not counted either; nvfp4 is
-# 4 bits and one 8-bit scale per 16 weights, 4.5 bits)
+# 4 bits and one 8-bit scale per 16 weights, 4.5 bits; mxfp4 is 4 bits and one 8-bit scale per 32, 4.25 bits, the
+# OCP Microscaling format's MXFP4)
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4.0,
     "bfloat16": 2.0,
@@ -25,6 +28,7 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8_block": 1.0,
     "int8": 1.0,
     "nvfp4": 0.5625,
+    "mxfp4": 0.53125,
     "int4": 0.5,
 }
 
@@ -46,6 +50,7 @@ _ALIASES: dict[str, str] = {
     "fp8-block": "fp8_block",
     "nvfp4": "nvfp4",
     "fp4": "nvfp4",
+    "mxfp4": "mxfp4",
     "int8": "int8",
     "w8a8": "int8",
     "int4": "int4",
@@ -56,7 +61,7 @@ _ALIASES: dict[str, str] = {
 # activations must be a floating format the GEMMs read and write
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
-QUANTIZATIONS = ("fp8", "fp8_block", "nvfp4", "int8", "int4")
+QUANTIZATIONS = ("fp8", "fp8_block", "nvfp4", "mxfp4", "int8", "int4")
 
 # key of a format in a hardware profile's ``peak_tflops`` table
 PEAK_KEY: dict[str, str] = {
@@ -153,7 +158,7 @@ class Dtypes:
 
         fp8 (per tensor or block-scaled), int8 and nvfp4 quantization run in their own format where the device has
         its rate (vLLM's fp8 on Hopper/Ada, int8 on Ampere, NVFP4 on Blackwell), else fall back to weight-only
-        (dequantize, multiply in the activation format; vLLM's Marlin path); int4 is always weight-only.
+        (dequantize, multiply in the activation format; vLLM's Marlin path); int4 and mxfp4 are always weight-only.
         """
         if self.quantization in ("fp8", "fp8_block", "int8", "nvfp4") and PEAK_KEY[self.quantization] in peaks:
             return self.quantization

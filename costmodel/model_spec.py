@@ -1,13 +1,28 @@
 """Model specs: a Hugging Face ``config.json`` reduced to the shapes the cost model needs, and what follows from them.
 
-A decoder-only transformer of ``L`` layers, hidden size ``H``, ``n_q`` query heads and ``n_kv`` KV heads (GQA) of size
-``d``, MLP intermediate size ``I`` (per expert for MoE) and vocabulary ``V``. Per layer it holds
-- attention: Q ``H x n_q d``, K and V ``H x n_kv d`` each, O ``n_q d x H`` (+ q/k/v biases for Qwen2);
-- MLP: gate and up ``H x I`` and down ``I x H`` when gated (SwiGLU), else up and down; MoE: ``E`` such experts and a
-  router ``H x E``;
+A decoder-only transformer of ``L`` layers, hidden size ``H`` and vocabulary ``V``. Each layer has an attention block
+and an MLP block:
+
+- attention, either grouped-query (GQA/MHA: ``n_q`` query heads and ``n_kv`` KV heads of size ``d``; Q ``H x n_q d``,
+  K and V ``H x n_kv d`` each, O ``n_q d x H``, + q/k/v biases for Qwen2 and GPT-OSS, + a per-head RMSNorm of q and k
+  for Qwen3 and Llama-4, + one learned sink logit per head for GPT-OSS) or multi-head latent attention (MLA,
+  DeepSeek-V2/V3, Kimi-K2: the query through a rank-``q_lora`` bottleneck ``H x q_lora``, ``q_lora x n_q (d_nope +
+  d_rope)``; keys and values through one latent ``H x (kv_lora + d_rope)``, expanded by ``kv_lora x n_q (d_nope +
+  d_v)``; O ``n_q d_v x H``; the KV cache holds the latent and the rotary key, ``kv_lora + d_rope`` elements per token
+  per layer, shared by all heads);
+- an MLP, either dense (gate and up ``H x I`` and down ``I x H`` when gated (SwiGLU), else up and down) or a mixture
+  of experts (MoE): ``E`` routed experts of width ``I_e`` of which each token takes ``k``, a router ``H x E``, and
+  optionally shared experts every token passes through (DeepSeek's ``n_shared_experts``, Llama-4's shared expert).
+  DeepSeek keeps its first ``first_k_dense_replace`` layers dense, Llama-4 Maverick every other one
+  (``interleave_moe_layer_step``), Qwen3-MoE those in ``mlp_only_layers``;
 - two RMSNorm weight vectors of ``H``;
 and once: the embedding ``V x H``, the final norm ``H`` and the LM head ``H x V`` (shared with the embedding if tied).
-Counts are parameters (elements); bytes follow from the dtypes (``costmodel.dtypes``).
+
+Some layers may attend within a window: Mistral-7B's every layer (4096 tokens back), GPT-OSS's every other layer
+(``layer_types``: 128 tokens back), Llama-4's three of every four layers (within chunks of ``attention_chunk_size``
+tokens). Counts are parameters (elements); bytes follow from the dtypes (``costmodel.dtypes``), each part in its
+stored format (``quantization``: a checkpoint's ``quantization_config``, and the parts it leaves unquantized).
+Reading a config, and what ferry refuses, is ``costmodel.hf_config``.
 """
 
 from __future__ import annotations
@@ -21,10 +36,8 @@ from costmodel.dtypes import DTYPE_BYTES, Dtypes, auto_dtype, canonical
 
 MODELS_DIR = Path(__file__).with_name("models")
 
-# model types whose MLP is a plain up/activation/down (no gate); everything else is treated as gated (SwiGLU-style)
-_UNGATED_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "phi", "opt", "falcon", "bloom", "gpt_bigcode", "starcoder2"})
-# model types with q/k/v biases when the config does not say (Qwen2 has them without an ``attention_bias`` field)
-_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+# the parts of a layer a checkpoint may store in different formats (``ModelSpec.unquantized`` names them)
+PARTS = ("attention", "dense_mlp", "experts", "shared_experts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,19 +48,39 @@ class ModelSpec:
     hidden_size: int  # H
     num_hidden_layers: int  # L
     num_attention_heads: int  # n_q, query heads
-    num_key_value_heads: int  # n_kv, KV heads (== n_q for MHA, fewer for GQA)
-    head_dim: int  # d, per head
-    intermediate_size: int  # I, MLP width (per expert for MoE)
+    num_key_value_heads: int  # n_kv, KV heads (== n_q for MHA, fewer for GQA; MLA: n_q, the expanded heads)
+    head_dim: int  # d, per head (MLA: the query/key head, d_nope + d_rope)
+    intermediate_size: int  # I, the dense MLP's width (and each expert's, unless moe_intermediate_size says)
     vocab_size: int  # V
     max_position_embeddings: int  # longest sequence the model was built for (tokens)
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     torch_dtype: str = "bfloat16"  # the checkpoint's dtype (what ``--dtype auto`` uses)
-    num_local_experts: int = 1  # E; 1 for a dense MLP
-    num_experts_per_tok: int = 1  # k, experts each token is routed to
+    num_local_experts: int = 1  # E, routed experts per MoE layer; 1 for a dense MLP
+    num_experts_per_tok: int = 1  # k, routed experts each token goes to
     attention_bias: bool = False  # q/k/v projections carry biases
     gated_mlp: bool = True  # gate*up (SwiGLU) rather than a plain up projection
-    sliding_window: int | None = None  # attention sees at most this many tokens back (Mistral-7B-v0.1: 4096)
+    sliding_window: int | None = None  # windowed layers see at most this many tokens back (Mistral-7B-v0.1: 4096)
     model_type: str = "llama"
+    # multi-head latent attention (0: grouped-query attention)
+    kv_lora_rank: int = 0  # width of the latent the KV cache holds (DeepSeek-V3: 512)
+    q_lora_rank: int = 0  # width of the query's bottleneck (DeepSeek-V3: 1536; 0: a full-rank query projection)
+    qk_rope_head_dim: int = 0  # rotary part of each query/key head, cached beside the latent (64)
+    qk_nope_head_dim: int = 0  # non-rotary part of each query/key head (128)
+    v_head_dim: int = 0  # value head size (128; 0: head_dim)
+    # attention details
+    qk_norm: bool = False  # RMSNorm of each query and key head (head_dim weights each; Qwen3, Llama-4)
+    attention_sinks: bool = False  # one learned logit per query head in the softmax (GPT-OSS); no KV, ~no FLOPs
+    o_bias: bool = False  # the output projection has a bias too (GPT-OSS)
+    window_layers: tuple[int, ...] | None = None  # layers attending within sliding_window (None: all when it is set)
+    chunked_attention: bool = False  # the window is a fixed chunk (Llama-4's attention_chunk_size), not sliding
+    # mixture of experts
+    moe_intermediate_size: int = 0  # I_e, one routed expert's width (0: intermediate_size, as Mixtral)
+    moe_layers: tuple[int, ...] | None = None  # layers whose MLP is MoE (None: all of them when E > 1)
+    shared_expert_intermediate_size: int = 0  # width of the shared expert(s) of each MoE layer, all together (0: none)
+    expert_bias: bool = False  # experts and router carry biases (GPT-OSS)
+    # weights as the checkpoint stores them
+    quantization: str | None = None  # the checkpoint's weight format (fp8_block, fp8, mxfp4, nvfp4, int4); None: dtype
+    unquantized: tuple[str, ...] = ()  # parts (``PARTS``) the checkpoint keeps in torch_dtype
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
@@ -63,6 +96,14 @@ class ModelSpec:
                 f"model {self.name!r}: num_experts_per_tok={self.num_experts_per_tok} must be in "
                 f"[1, num_local_experts={self.num_local_experts}]"
             )
+        for field, layers in (("window_layers", self.window_layers), ("moe_layers", self.moe_layers)):
+            if layers is not None and any(not 0 <= i < self.num_hidden_layers for i in layers):
+                raise ValueError(f"model {self.name!r}: {field} names a layer outside 0..{self.num_hidden_layers - 1}")
+        if self.window_layers and not self.sliding_window:
+            raise ValueError(f"model {self.name!r}: window_layers given without a sliding_window")
+        bad = [p for p in self.unquantized if p not in PARTS]
+        if bad:
+            raise ValueError(f"model {self.name!r}: unquantized names unknown parts {bad}; parts: {', '.join(PARTS)}")
 
     # ----------------------------------------------------------------------------------------------------------------
     # shapes
@@ -72,31 +113,117 @@ class ModelSpec:
         return self.num_local_experts > 1
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def q_size(self) -> int:
         """Width of the query projection, n_q * d (elements per token)."""
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of the key (or the value) projection, n_kv * d (elements per token)."""
+        """Width of the key (or the value) projection, n_kv * d (elements per token; GQA)."""
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Size of one value head (MLA's v_head_dim; head_dim otherwise)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def o_size(self) -> int:
+        """Width of the output projection's input, n_q * d_v (elements per token)."""
+        return self.num_attention_heads * self.value_head_dim
+
+    @property
+    def latent_size(self) -> int:
+        """MLA: what the KV cache holds per token per layer, the latent and the rotary key (elements)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def expert_size(self) -> int:
+        """Width of one routed expert, I_e."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def moe_layer_ids(self) -> tuple[int, ...]:
+        """The layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return ()
+        return tuple(range(self.num_hidden_layers)) if self.moe_layers is None else self.moe_layers
+
+    @property
+    def window_layer_ids(self) -> tuple[int, ...]:
+        """The layers that attend within ``sliding_window`` tokens."""
+        if not self.sliding_window:
+            return ()
+        return tuple(range(self.num_hidden_layers)) if self.window_layers is None else self.window_layers
+
+    @property
+    def hybrid_attention(self) -> bool:
+        """Some layers attend within a window and others to everything (GPT-OSS, Llama-4)."""
+        return 0 < len(self.window_layer_ids) < self.num_hidden_layers
+
+    def kv_charged(self, layer: int) -> bool:
+        """Whether a layer's KV is charged per token in the KV cache: every layer, except in a model of sliding
+        windows and full layers, where vLLM's hybrid KV cache manager keeps a sliding layer's blocks only within its
+        window (``vllm/v1/core/single_type_kv_cache_manager.py``, ``SlidingWindowManager``), at most
+        ``ceil((window - 1) / block) + 1`` blocks a request, which ferry leaves uncharged (the README's KV-memory
+        section). Llama-4's chunked layers hold a whole chunk (8192 tokens): charged like full ones."""
+        return not (self.hybrid_attention and not self.chunked_attention and layer in self.window_layer_ids)
 
     # ----------------------------------------------------------------------------------------------------------------
     # parameters (elements)
 
+    def attention_params(self) -> int:
+        """Parameters of one layer's attention block: its projections, their biases, its q/k norms and sinks."""
+        h, n = self.hidden_size, self.num_attention_heads
+        if self.is_mla:
+            qk = self.head_dim  # d_nope + d_rope
+            q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * qk if self.q_lora_rank else h * n * qk
+            up = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+            kv = h * self.latent_size + self.kv_lora_rank + up
+            return q + kv + self.o_size * h
+        params = h * (self.q_size + 2 * self.kv_size) + self.o_size * h
+        if self.attention_bias:
+            params += self.q_size + 2 * self.kv_size
+        if self.o_bias:
+            params += h
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        if self.attention_sinks:
+            params += n
+        return params
+
+    def dense_mlp_params(self) -> int:
+        """Parameters of one dense MLP block."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (its biases too)."""
+        mats = (3 if self.gated_mlp else 2) * self.hidden_size * self.expert_size
+        bias = (2 * self.expert_size + self.hidden_size) if self.expert_bias else 0
+        return mats + bias
+
+    def router_params(self) -> int:
+        """Parameters of one MoE layer's router, H x E (+ E biases)."""
+        return self.hidden_size * self.num_local_experts + (self.num_local_experts if self.expert_bias else 0)
+
+    def shared_expert_params(self) -> int:
+        """Parameters of one MoE layer's shared expert(s)."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.shared_expert_intermediate_size
+
     def param_counts(self) -> dict[str, int]:
         """Parameters by part, whole model (all layers, all experts): the parts ``num_params`` adds up."""
         h, n_layers = self.hidden_size, self.num_hidden_layers
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h  # Q, K, V, O matrices
-        if self.attention_bias:
-            attn += self.q_size + 2 * self.kv_size
-        mlp_mats = 3 if self.gated_mlp else 2  # gate, up, down (or up, down)
-        expert = mlp_mats * h * self.intermediate_size
-        mlp = self.num_local_experts * expert + (h * self.num_local_experts if self.is_moe else 0)  # + router
+        n_moe = len(self.moe_layer_ids)
+        moe = self.num_local_experts * self.expert_params() + self.router_params() + self.shared_expert_params()
         return {
             "embedding": self.vocab_size * h,
-            "attention": n_layers * attn,
-            "mlp": n_layers * mlp,
+            "attention": n_layers * self.attention_params(),
+            "mlp": (n_layers - n_moe) * self.dense_mlp_params() + n_moe * moe,
             "norms": n_layers * 2 * h + h,  # two RMSNorms per layer and the final one
             "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
         }
@@ -106,83 +233,100 @@ class ModelSpec:
         return sum(self.param_counts().values())
 
     def num_active_params(self) -> int:
-        """Parameters a token passes through: for MoE, the top-k experts only (elements)."""
-        if not self.is_moe:
-            return self.num_params()
-        counts = self.param_counts()
-        per_expert = (counts["mlp"] - self.num_hidden_layers * self.hidden_size * self.num_local_experts) // (
-            self.num_local_experts
-        )
-        unused = per_expert * (self.num_local_experts - self.num_experts_per_tok)
-        return self.num_params() - unused
+        """Parameters a token passes through: for MoE, the top-k routed experts only (elements)."""
+        unused = self.expert_params() * (self.num_local_experts - self.num_experts_per_tok)
+        return self.num_params() - len(self.moe_layer_ids) * unused
+
+    def part_params(self) -> dict[str, int]:
+        """Weight-matrix elements of the transformer blocks' linear layers by part (``PARTS``), whole model: what
+        weight quantization compresses. Biases, norms, sinks, the MoE router, the embedding and the LM head stay
+        unquantized, as in vLLM's fp8/int8/AWQ/GPTQ/MXFP4 paths (GPT-OSS's expert biases stay bf16)."""
+        h, n_layers = self.hidden_size, self.num_hidden_layers
+        n_moe = len(self.moe_layer_ids)
+        if self.is_mla:
+            n, qk = self.num_attention_heads, self.head_dim
+            q = h * self.q_lora_rank + self.q_lora_rank * n * qk if self.q_lora_rank else h * n * qk
+            attn = q + h * self.latent_size + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+            attn += self.o_size * h
+        else:
+            attn = h * (self.q_size + 2 * self.kv_size) + self.o_size * h
+        expert = (3 if self.gated_mlp else 2) * h * self.expert_size
+        return {
+            "attention": n_layers * attn,
+            "dense_mlp": (n_layers - n_moe) * self.dense_mlp_params(),
+            "experts": n_moe * self.num_local_experts * expert,
+            "shared_experts": n_moe * self.shared_expert_params(),
+        }
 
     def quantizable_params(self) -> int:
-        """Weight-matrix elements of the transformer blocks' linear layers (q/k/v/o, MLP or experts): what weight
-        quantization compresses. Biases, norms, the MoE router, the embedding and the LM head stay unquantized, as in
-        vLLM's fp8/int8/AWQ/GPTQ paths."""
-        h, n_layers = self.hidden_size, self.num_hidden_layers
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        mlp = self.num_local_experts * (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        return n_layers * (attn + mlp)
+        """Weight-matrix elements of the transformer blocks' linear layers, all parts (``part_params``)."""
+        return sum(self.part_params().values())
 
     # ----------------------------------------------------------------------------------------------------------------
-    # bytes
+    # formats and bytes
+
+    def part_formats(self, dtypes: Dtypes) -> dict[str, str]:
+        """The format each part's weights are held in: the quantization's (the checkpoint's or ``--quantization``)
+        for the parts it covers, the activation format for the parts the checkpoint leaves unquantized."""
+        if dtypes.quantization is None:
+            return dict.fromkeys(PARTS, dtypes.activation)
+        return {p: dtypes.activation if p in self.unquantized else dtypes.weight for p in PARTS}
 
     def weight_bytes(self, dtypes: Dtypes | None = None) -> float:
-        """Bytes of all weights, whole model (B): the quantizable matrices in the weight format, the rest (embedding, LM
-        head, norms, biases, router) in the activation format."""
-        dtypes = dtypes or Dtypes.resolve(self.torch_dtype)
-        quantizable = self.quantizable_params()
-        rest = self.num_params() - quantizable
-        return quantizable * dtypes.weight_bytes + rest * dtypes.activation_bytes
+        """Bytes of all weights, whole model (B): each part's linear layers in its format (``part_formats``), the rest
+        (embedding, LM head, norms, biases, sinks, router) in the activation format."""
+        dtypes = dtypes or self.dtypes()
+        parts = self.part_params()
+        formats = self.part_formats(dtypes)
+        rest = self.num_params() - sum(parts.values())
+        return sum(n * DTYPE_BYTES[formats[p]] for p, n in parts.items()) + rest * dtypes.activation_bytes
+
+    def dtypes(
+        self, dtype: str | None = None, kv_cache_dtype: str | None = None, quantization: str | None = None
+    ) -> Dtypes:
+        """The formats of a deployment of this model: vLLM's flags against the config (``--quantization`` must agree
+        with a quantized checkpoint's own format, as vLLM checks: ``vllm/config/model.py``,
+        ``_verify_quantization``)."""
+        if quantization is not None and quantization.strip().lower() in ("", "none"):
+            quantization = None
+        if quantization is not None and self.quantization is not None:
+            if canonical(quantization) != self.quantization:
+                raise ValueError(
+                    f"quantization={quantization!r}: {self.name}'s checkpoint is quantized as {self.quantization} "
+                    "(its config's quantization_config); leave --quantization out or give that"
+                )
+        return Dtypes.resolve(self.torch_dtype, dtype, kv_cache_dtype, quantization or self.quantization)
+
+    def kv_layers(self) -> int:
+        """Layers whose KV cache grows with every token (``kv_charged``)."""
+        return sum(self.kv_charged(i) for i in range(self.num_hidden_layers))
+
+    def kv_elements_per_layer(self) -> int:
+        """KV-cache elements one token adds to one layer: MLA's latent and rotary key (one copy, shared by all heads),
+        else K and V of every KV head."""
+        return self.latent_size if self.is_mla else 2 * self.kv_size
 
     def kv_bytes_per_token(self, kv_dtype: str = "auto") -> float:
-        """KV-cache bytes one token occupies, whole model: 2 (K and V) x L x n_kv x d x bytes per element.
+        """KV-cache bytes one token occupies, whole model: the charged layers (``kv_charged``) x elements per layer x
+        bytes per element.
 
-        Llama-3-8B in bf16: 2 x 32 x 8 x 128 x 2 = 131072 B = 128 KiB; Llama-2-7B (MHA, 32 KV heads): 512 KiB.
+        Llama-3-8B in bf16: 2 x 32 x 8 x 128 x 2 = 131072 B = 128 KiB; Llama-2-7B (MHA, 32 KV heads): 512 KiB;
+        DeepSeek-V3 (MLA): 61 x (512 + 64) x 2 = 70272 B; GPT-OSS-120B: its 18 full layers, 18 x 2 x 8 x 64 x 2 =
+        36864 B.
         """
         dt = auto_dtype(self.torch_dtype) if kv_dtype == "auto" else canonical(kv_dtype)
-        return 2 * self.num_hidden_layers * self.kv_size * DTYPE_BYTES[dt]
+        return self.kv_layers() * self.kv_elements_per_layer() * DTYPE_BYTES[dt]
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction
 
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any], name: str) -> ModelSpec:
-        """Read the fields of a Hugging Face ``config.json`` (already parsed); ValueError naming a missing field."""
-        if "text_config" in config and "hidden_size" not in config:  # multimodal wrappers keep the LM inside
-            config = config["text_config"]
+    def from_hf_config(cls, config: dict[str, Any], name: str, quant_config: dict[str, Any] | None = None) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (already parsed; ``quant_config``: a ``hf_quant_config.json`` beside
+        it, NVIDIA ModelOpt's); ValueError naming a missing or unsupported field (``costmodel.hf_config``)."""
+        from costmodel.hf_config import spec_fields
 
-        def need(key: str) -> Any:
-            if key not in config:
-                raise ValueError(f"model {name!r}: config.json has no {key!r}")
-            return config[key]
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        model_type = str(config.get("model_type", "llama"))
-        window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
-        experts = config.get("num_local_experts") or config.get("num_experts") or 1
-        return cls(
-            name=name,
-            hidden_size=hidden,
-            num_hidden_layers=int(need("num_hidden_layers")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(need("intermediate_size")),
-            vocab_size=int(need("vocab_size")),
-            max_position_embeddings=int(need("max_position_embeddings")),
-            # LlamaConfig's default; configs of tied models (e.g. small Qwen2.5) say true explicitly
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            torch_dtype=canonical(config.get("torch_dtype") or config.get("dtype") or "float32"),
-            num_local_experts=int(experts),
-            num_experts_per_tok=int(config.get("num_experts_per_tok", 1)) if experts > 1 else 1,
-            attention_bias=bool(config.get("attention_bias", model_type in _QKV_BIAS_TYPES)),
-            gated_mlp=model_type not in _UNGATED_TYPES,
-            sliding_window=int(window) if window else None,
-            model_type=model_type,
-        )
+        return cls(**spec_fields(config, name, quant_config))
 
 
 def builtin_models() -> list[str]:
@@ -202,8 +346,19 @@ def _builtin_path(name: str) -> Path | None:
     return None
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in model by name (case-insensitive, or its Hugging Face id) or a ``config.json`` by path."""
+    """A built-in model by name (case-insensitive, or its Hugging Face id) or a ``config.json`` by path (a folder's
+    ``hf_quant_config.json`` beside it is read too, as vLLM reads ModelOpt's)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
@@ -217,10 +372,7 @@ def load_model(name_or_path: str) -> ModelSpec:
                 f"(built-ins: {', '.join(builtin_models())}); pass the path of a Hugging Face config.json"
             )
         path, name = found, found.stem
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
-    return ModelSpec.from_hf_config(config, name)
+    config = _read_json(path)
+    quant_path = path.with_name("hf_quant_config.json")
+    quant = _read_json(quant_path) if path.name == "config.json" and quant_path.is_file() else None
+    return ModelSpec.from_hf_config(config, name, quant)

@@ -19,7 +19,24 @@ PUBLISHED_B = {
     "qwen2.5-7b": 7.62,
     "mistral-7b": 7.24,
     "mixtral-8x7b": 46.7,
+    "llama-3.3-70b": 70.6,
+    "llama-3.1-405b": 405.0,
+    "qwen3-8b": 8.2,
+    "qwen3-32b": 32.8,
+    "qwen3-30b-a3b": 30.5,
+    "qwen3-235b-a22b": 235.0,
+    "qwen3-235b-a22b-fp8": 235.0,
+    "deepseek-v3": 671.0,  # the main model; the checkpoint's 14B multi-token-prediction layer is not served
+    "deepseek-r1": 671.0,
+    "deepseek-v3.1-nvfp4": 671.0,
+    "kimi-k2": 1026.0,  # Moonshot's card says "1T"; 1.026T is the count of its published shapes
+    "gpt-oss-120b": 116.83,  # OpenAI's model card
+    "gpt-oss-20b": 20.91,
+    "llama-4-scout": 109.0,  # Meta's count includes the vision encoder ferry does not model (~1%)
+    "llama-4-maverick": 400.0,
 }
+# how far from the published count a model may be (default 1%)
+TOLERANCE = {"llama-4-scout": 0.015}
 KiB = 1024
 # ferry's own configs, no published checkpoint: the CPU validation model (random weights)
 OWN = {"tiny-llama"}
@@ -32,7 +49,7 @@ def test_the_built_ins_are_the_ones_the_issue_names() -> None:
 @pytest.mark.parametrize("name", sorted(PUBLISHED_B))
 def test_parameter_count_within_one_percent_of_published(name: str) -> None:
     params = load_model(name).num_params()
-    assert params / 1e9 == pytest.approx(PUBLISHED_B[name], rel=0.01)
+    assert params / 1e9 == pytest.approx(PUBLISHED_B[name], rel=TOLERANCE.get(name, 0.01))
 
 
 def test_mixtral_active_parameters_are_top2_of_8() -> None:
