@@ -12,11 +12,10 @@ linearly in log space (log tokens for a GEMM; log sequences and log tokens for a
 all-reduce); outside them, the roofline times the measured-over-roofline factor at the nearest measured shape, so
 that beyond the measurements time follows the roofline from the last one. Without tables nothing changes.
 
-Counts, per GPU (with tensor parallelism ``tp`` each GPU holds 1/tp of the heads, the MLP width and the vocabulary):
-``T`` tokens through the linear layers (prefill chunks' new tokens + one per decode), ``H`` hidden size, ``q`` and
-``kv`` the query and key (= value) widths (heads x head_dim on this GPU), ``I`` the MLP width on this GPU, ``V`` the
-vocabulary slice, ``a``/``w``/``c`` bytes per activation/weight/KV element. FLOPs count a multiply-add as 2; bytes are
-the kernel's ideal DRAM traffic: weights read once, inputs read once, outputs written once (caches ignored).
+What each kernel counts (FLOPs and bytes per GPU, for every layer kind: grouped-query and latent attention, full and
+windowed, dense and MoE MLPs) is ``costmodel.work``; this module times them and adds the communication: the
+tensor-parallel all-reduces, the collectives of an MoE layer over data-parallel ranks, and the sends between pipeline
+stages.
 """
 
 from __future__ import annotations
@@ -24,146 +23,83 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import numpy.typing as npt
 from numba import njit
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-# The kernels of one forward pass, in execution order: (kernel, the op it is reported under, operator class,
-# instances per layer, instances once per iteration). ``kernel_work`` returns their (FLOPs, bytes) in this order.
-KERNELS: tuple[tuple[str, str, str, int, int], ...] = (
-    ("embedding", "embedding", "elementwise", 0, 1),
-    ("norm", "norms", "elementwise", 2, 0),  # before attention and before the MLP, residual add fused in
-    ("qkv_proj", "qkv_proj", "gemm", 1, 0),
-    ("rope", "rope", "elementwise", 1, 0),
-    ("attention_prefill", "attention_prefill", "attention_prefill", 1, 0),
-    ("attention_decode", "attention_decode", "attention_decode", 1, 0),
-    ("o_proj", "o_proj", "gemm", 1, 0),
-    ("mlp_gate_up", "mlp", "gemm", 1, 0),  # with the MoE router folded in
-    ("mlp_act", "mlp", "elementwise", 1, 0),
-    ("mlp_down", "mlp", "gemm", 1, 0),
-    ("final_norm", "norms", "elementwise", 0, 1),
-    ("lm_head", "lm_head", "gemm", 0, 1),  # on the sampled tokens only
+from costmodel.work import (  # noqa: F401  (what each kernel counts; its names are part of this module's)
+    AR_HALF,
+    AR_LATENCY,
+    AR_RATE,
+    BIAS,
+    CHUNKED,
+    DP_RING,
+    DV,
+    E_LOCAL,
+    GATED,
+    KERNEL_ROW,
+    KERNELS,
+    KV,
+    LAT,
+    MLA,
+    MLP,
+    MOE,
+    MOE_I,
+    MOE_TOKENS,
+    N_ALLREDUCE,
+    N_DP_COMM,
+    N_P2P,
+    NH,
+    NOPE,
+    NUM_CONSTS,
+    NUM_SUMS,
+    O_IN,
+    PER_ITERATION,
+    PER_SEQUENCE,
+    Q_UP,
+    QKV_N,
+    RING,
+    ROPE,
+    SH_I,
+    W_EXP,
+    W_MLP,
+    W_SH,
+    WINDOW,
+    WINDOW2,
+    A,
+    C,
+    E,
+    FloatArray,
+    H,
+    IntArray,
+    K,
+    Q,
+    V,
+    W,
+    kernel_work,
+    shape_sums,
 )
 
 # the measured tables (``toc`` rows): the four per-layer GEMMs at T tokens, the LM head at S sampled tokens, prefill
-# attention at (sequences, tokens per sequence), decode attention at (sequences, tokens attended by all), and the
-# all-reduce at its message bytes. ``toc[table]`` = (x points, y points, offset of the x then y axis in ``tab``, offset
-# of the factors (measured over roofline seconds), offset of the roofline seconds, both x-major); x points 0: no
-# table. Axes, factors and seconds are natural logs
-T_QKV, T_O, T_UP, T_DOWN, T_LM, T_PREFILL, T_DECODE, T_ALLREDUCE = range(8)
-NUM_TABLES = 8
+# attention at (sequences, tokens per sequence), decode attention at (sequences, tokens attended by all), the
+# all-reduce at its message bytes, and the routed experts (vLLM's fused MoE) at the tokens the MoE layer takes.
+# ``toc[table]`` = (x points, y points, offset of the x then y axis in ``tab``, offset of the factors (measured over
+# roofline seconds), offset of the roofline seconds, both x-major); x points 0: no table. Axes, factors and seconds
+# are natural logs
+T_QKV, T_O, T_UP, T_DOWN, T_LM, T_PREFILL, T_DECODE, T_ALLREDUCE, T_MOE = range(9)
+NUM_TABLES = 9
 NX, NY, AXES, FACTORS, ROOFS = range(5)
 TOC_COLUMNS = 5
 # the table of each kernel in ``KERNELS`` order (-1: none)
-KERNEL_TABLE = np.array([-1, -1, T_QKV, -1, T_PREFILL, T_DECODE, T_O, T_UP, -1, T_DOWN, -1, T_LM], dtype=np.int64)
+_TABLE_OF = {"qkv_proj": T_QKV, "attention_prefill": T_PREFILL, "attention_decode": T_DECODE,
+             "attention_prefill_window": T_PREFILL, "attention_decode_window": T_DECODE, "o_proj": T_O,
+             "mlp_gate_up": T_UP, "mlp_down": T_DOWN, "moe_experts": T_MOE, "lm_head": T_LM}  # fmt: skip
+KERNEL_TABLE = np.array([_TABLE_OF.get(name, -1) for name, _, _, _, _ in KERNELS], dtype=np.int64)
+# the windowed layers' attention kernels, which take the windowed sums
+WINDOW_KERNELS = (KERNEL_ROW["attention_prefill_window"], KERNEL_ROW["attention_decode_window"])
 
-# indices into ``consts``
-H, Q, KV, MLP, V, E, K, MOE, GATED, BIAS, A, W, C, WINDOW, N_ALLREDUCE, RING, AR_RATE, AR_HALF, AR_LATENCY = range(19)
-PER_ITERATION, PER_SEQUENCE = 19, 20
-NUM_CONSTS = 21
 # columns of ``kernel_params`` (one row per kernel): instances per iteration, compute rate (FLOP/s) and half-size
 # (FLOPs), memory rate (B/s) and half-size (B), the class's floor (s)
 COUNT, C_RATE, C_HALF, M_RATE, M_HALF, FLOOR = range(6)
 NUM_PARAMS = 6
-
-
-@njit(cache=True)
-def shape_sums(
-    consts: FloatArray, prefill_new: IntArray, prefill_ctx: IntArray, decode_ctx: IntArray, prefill_sampled: int
-) -> tuple[float, float, float, float, float, float, float, float]:
-    """Reduce an iteration's shape to what the formulas need: T tokens, P prefill tokens, D decodes, S sampled,
-    prefill (query, key) pairs, KV tokens read by prefill and by decode attention, and the sequences."""
-    window = int(consts[WINDOW])  # -1: full attention
-    n_pf = prefill_new.shape[0]
-    n_dec = decode_ctx.shape[0]
-    s_n = 0
-    pairs2 = 0  # twice the (query, key) pairs, exact in integers
-    pf_kv = 0
-    for j in range(n_pf):
-        n = prefill_new[j]
-        c = prefill_ctx[j]
-        s_n += n
-        if window < 0:
-            # query i in 0..n-1 sees c + i + 1 keys (causal): n c + n (n+1) / 2 pairs; K/V of c + n tokens read once
-            pairs2 += 2 * n * c + n * (n + 1)
-            pf_kv += c + n
-        else:
-            # each query sees at most `window` keys: the first m = clip(window - c, 0, n) see c+1 .. c+m, the rest
-            # exactly `window`
-            m = min(max(window - c, 0), n)
-            pairs2 += m * (2 * c + m + 1) + 2 * window * (n - m)
-            pf_kv += min(c, window) + n
-    dec_kv = 0
-    for j in range(n_dec):
-        # a decode attends its c cached tokens plus itself
-        dec_kv += decode_ctx[j] + 1 if window < 0 else min(decode_ctx[j] + 1, window)
-    prefill = float(s_n)
-    return (
-        prefill + n_dec,
-        prefill,
-        float(n_dec),
-        float(prefill_sampled + n_dec),
-        0.5 * float(pairs2),
-        float(pf_kv),
-        float(dec_kv),
-        float(n_pf + n_dec),
-    )
-
-
-@njit(cache=True)
-def kernel_work(
-    consts: FloatArray, T: float, P: float, D: float, S: float, pf_pairs: float, pf_kv: float, dec_kv: float
-) -> FloatArray:
-    """(FLOPs, bytes) of one instance of each kernel in ``KERNELS`` order, flattened; per GPU."""
-    h, q, kv, inter, vocab = consts[H], consts[Q], consts[KV], consts[MLP], consts[V]
-    a, w, c = consts[A], consts[W], consts[C]
-    qkv = q + 2.0 * kv
-    if consts[MOE] > 0.0:
-        e, k = consts[E], consts[K]
-        rows = T * k  # token-rows through the experts
-        # expected distinct experts hit by T tokens routed uniformly: the expert weights read
-        hit = e * (1.0 - (1.0 - k / e) ** T)
-        router_flops = 2.0 * T * h * e  # router GEMM T x H x E
-        router_bytes = (h * e + T * (h + e)) * a
-    else:
-        rows, hit, router_flops, router_bytes = T, 1.0, 0.0, 0.0
-    gated = consts[GATED] > 0.0
-    up = 2.0 * inter if gated else inter  # gate and up side by side, or up alone
-    act_flops = 5.0 if gated else 8.0  # per output element: SiLU (~4) x up, or GELU (tanh form, ~8); nominal
-    act_io = 3.0 if gated else 2.0  # elements moved per output element: read gate, up; write out
-    norm_flops = 4.0 * T * h  # residual add, square-accumulate, scale, weight multiply
-    norm_bytes = 4.0 * T * h * a + h * a  # read input and residual, write both; weight vector
-    out = np.empty(2 * len(KERNELS))
-    # embedding: gather T rows of the table, write the hidden states
-    out[0], out[1] = 0.0, 2.0 * T * h * a
-    # norm (fused add + RMSNorm)
-    out[2], out[3] = norm_flops, norm_bytes
-    # qkv_proj: [T x H] @ [H x (q + 2 kv)] (+ bias); weights once, input once, output once
-    out[4] = 2.0 * T * h * qkv
-    out[5] = h * qkv * w + (qkv * a if consts[BIAS] > 0.0 else 0.0) + T * (h + qkv) * a
-    # rope: rotate q and k in place (~3 FLOPs per element), read and write them
-    out[6], out[7] = 3.0 * T * (q + kv), 2.0 * T * (q + kv) * a
-    # attention_prefill: QK^T and PV, 2 x 2 x d FLOPs per (query head, key) pair summed over heads = 4 q pairs;
-    # read Q and write O, write the chunk's K and V to the cache, read every K and V it attends to once
-    out[8], out[9] = 4.0 * q * pf_pairs, 2.0 * P * q * a + 2.0 * kv * c * (P + pf_kv)
-    # attention_decode: the same per pair; one query per sequence reads that sequence's whole KV cache
-    out[10], out[11] = 4.0 * q * dec_kv, 2.0 * D * q * a + 2.0 * kv * c * (D + dec_kv)
-    # o_proj: [T x q] @ [q x H]
-    out[12], out[13] = 2.0 * T * q * h, q * h * w + T * (q + h) * a
-    # mlp_gate_up: [R x H] @ [H x up] for each expert hit (+ router); weights of the experts hit read once
-    out[14] = 2.0 * rows * h * up + router_flops
-    out[15] = hit * h * up * w + rows * (h + up) * a + router_bytes
-    # mlp_act: SiLU(gate) * up (or GELU(up)) over R x I outputs
-    out[16], out[17] = act_flops * rows * inter, act_io * rows * inter * a
-    # mlp_down: [R x I] @ [I x H]
-    out[18], out[19] = 2.0 * rows * inter * h, hit * inter * h * w + rows * (inter + h) * a
-    # final_norm: once, over all T tokens
-    out[20], out[21] = norm_flops, norm_bytes
-    # lm_head: only the S sampling sequences' last hidden states, [S x H] @ [H x V/tp], unquantized
-    out[22], out[23] = 2.0 * S * h * vocab, h * vocab * a + S * (h + vocab) * a
-    return out
 
 
 @njit(cache=True)
@@ -227,14 +163,15 @@ def table_time(toc: IntArray, tab: FloatArray, table: int, x: float, y: float, r
 @njit(cache=True)
 def kernel_table_time(
     toc: IntArray, tab: FloatArray, table: int, roof: float, T: float, D: float, S: float, prefills: float,
-    pf_pairs: float, dec_kv: float,
+    pf_pairs: float, dec_kv: float, moe_tokens: float = 1.0,
 ) -> float:  # fmt: skip
     """One kernel's seconds from its table at this iteration's shape (``table_time``; ``roof`` its roofline time):
     GEMMs at log T (the LM head at log S); prefill attention at (log chunks, log L), L the prompt length whose causal
     (query, key) pairs per chunk, L (L + 1) / 2, equal the chunks' mean (a prompt of L tokens alone is exactly the
     measured shape); decode attention at (log D, log tokens attended by all D): the KV cache read, whose size
     decides whether the measurements were served from the GPU's L2 cache (an L40S's small batches of short contexts
-    ran up to 6x faster than from its memory)."""
+    ran up to 6x faster than from its memory); the routed experts at log of the tokens the MoE layer takes (T times
+    ``moe_tokens``, the data-parallel ranks')."""
     if table == T_LM:
         return table_time(toc, tab, table, math.log(S), 0.0, roof)
     if table == T_PREFILL:
@@ -242,6 +179,8 @@ def kernel_table_time(
         return table_time(toc, tab, table, math.log(prefills), math.log(length), roof)
     if table == T_DECODE:
         return table_time(toc, tab, table, math.log(D), math.log(dec_kv), roof)
+    if table == T_MOE:
+        return table_time(toc, tab, table, math.log(T * moe_tokens), 0.0, roof)
     return table_time(toc, tab, table, math.log(T), 0.0, roof)
 
 
@@ -261,21 +200,47 @@ def allreduce(consts: FloatArray, toc: IntArray, tab: FloatArray, T: float) -> t
 
 
 @njit(cache=True)
+def collectives(consts: FloatArray, T: float) -> tuple[float, float]:
+    """(seconds of the MoE layers' collectives over the data-parallel ranks, of the pipeline's sends) per iteration.
+
+    Data-parallel attention with MoE layers (vLLM's default ``allgather_reducescatter`` all-to-all,
+    ``vllm/distributed/device_communicators/all2all.py``): before each MoE layer the ranks' tokens are all-gathered,
+    after it the outputs are reduce-scattered; together they move what a ring all-reduce of the gathered
+    activations moves, (dp - 1)/dp x 2 x (dp x T x H) elements per GPU, timed as that on the device's link. The pipeline
+    sends each stage's hidden states and residual (2 T H elements) to the next, once per stage boundary."""
+    if T <= 0.0:
+        return 0.0, 0.0
+    rate, half, latency = consts[AR_RATE], consts[AR_HALF], consts[AR_LATENCY]
+    dp_s = 0.0
+    if consts[N_DP_COMM] > 0.0:
+        gathered = T * consts[MOE_TOKENS] * consts[H] * consts[A]
+        dp_s = consts[N_DP_COMM] * (latency + consts[DP_RING] * (gathered + half) / rate)
+    p2p_s = 0.0
+    if consts[N_P2P] > 0.0:
+        p2p_s = consts[N_P2P] * (latency + (2.0 * T * consts[H] * consts[A] + half) / rate)
+    return dp_s, p2p_s
+
+
+@njit(cache=True)
 def time_of_sums(
     consts: FloatArray,
     kernel_params: FloatArray,
     toc: IntArray,
     tab: FloatArray,
-    sums: tuple[float, float, float, float, float, float, float, float],
+    sums: tuple[float, float, float, float, float, float, float, float, float, float, float],
 ) -> float:
     """The iteration time (s): kernels (each the roofline maximum, at least its floor, or its measured table's time)
-    + all-reduces + host overheads; 0 if empty."""
+    + all-reduces + data-parallel and pipeline communication + host overheads; 0 if empty. With pipeline parallelism
+    the stages run one after the other on one batch, so every layer's kernels add up as on one stage."""
     T = sums[0]
     if T <= 0.0:
         return 0.0
-    work = kernel_work(consts, T, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6])
+    work = kernel_work(consts, T, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[8], sums[9], sums[10])
     gpu = 0.0
     for i in range(kernel_params.shape[0]):
+        count = kernel_params[i, COUNT]
+        if count == 0.0:
+            continue
         tc, tm = kernel_time(work[2 * i], work[2 * i + 1], kernel_params[i])
         t = tc if tc >= tm else tm
         if t > 0.0:
@@ -283,10 +248,16 @@ def time_of_sums(
                 t = kernel_params[i, FLOOR]
             table = KERNEL_TABLE[i]
             if table >= 0 and toc[table, NX] > 0:
-                t = kernel_table_time(toc, tab, table, t, T, sums[2], sums[3], sums[7] - sums[2], sums[4], sums[6])
-        gpu += kernel_params[i, COUNT] * t
+                if i == WINDOW_KERNELS[0] or i == WINDOW_KERNELS[1]:
+                    pairs, dec_kv = sums[8], sums[10]
+                else:
+                    pairs, dec_kv = sums[4], sums[6]
+                t = kernel_table_time(toc, tab, table, t, T, sums[2], sums[3], sums[7] - sums[2], pairs, dec_kv,
+                                      consts[MOE_TOKENS])  # fmt: skip
+        gpu += count * t
     gpu += allreduce(consts, toc, tab, T)[0]
-    return gpu + consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7]
+    dp_s, p2p_s = collectives(consts, T)
+    return gpu + dp_s + p2p_s + consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7]
 
 
 @njit(cache=True)

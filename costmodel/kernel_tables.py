@@ -41,7 +41,7 @@ import pandas as pd
 
 from costmodel import formulas as f
 from costmodel import kerneldb
-from costmodel.dtypes import Dtypes
+from costmodel.dtypes import DTYPE_BYTES, Dtypes
 from costmodel.hardware import KernelTables
 from costmodel.model_spec import ModelSpec
 
@@ -55,6 +55,11 @@ W8A8_INT8 = "sq"  # SmoothQuant: int8 weights and activations
 KV_DTYPES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8"}
 ELEMENT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0}
 GEMMS = {f.T_QKV: "qkv_proj", f.T_O: "o_proj", f.T_UP: "mlp_gate_up", f.T_DOWN: "mlp_down", f.T_LM: "lm_head"}
+# ferry's stored format of the routed experts -> the database's ``moe_dtype`` (vLLM's fused MoE kernels)
+MOE_DTYPES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block",
+              "nvfp4": "nvfp4", "mxfp4": "w4a16_mxfp4", "int4": "int4_wo"}  # fmt: skip
+# the routing the database measured that ferry's expected-value model assumes: every expert equally likely
+MOE_DISTRIBUTION = "balanced"
 # the row of ``kernel_params`` (``formulas.KERNELS`` order) each table's kernel has
 ROW = {name: i for i, (name, _, _, _, _) in enumerate(f.KERNELS)}
 
@@ -216,6 +221,41 @@ def allreduce_factors(rows: pd.DataFrame, tp: int, consts: FloatArray) -> tuple[
     return np.log(message[keep]), np.log(sel["latency_s"].to_numpy()[keep] / roof[keep])
 
 
+def moe_factors(
+    ref: KernelTables,
+    spec: ModelSpec,
+    consts: FloatArray,
+    kernel_params: FloatArray,
+    expert_format: str,
+    a: float,
+    root: Path,
+) -> tuple[FloatArray, FloatArray] | str:
+    """(log tokens into the MoE layer, log factor) of the routed experts (vLLM's ``fused_experts``: gate/up, activation
+    and down over the rows routed to this GPU's experts), from the database's ``moe_perf`` rows of exactly this model's
+    shape (hidden size, expert width, top-k, experts) split as this layout splits it (``moe_tp_size``,
+    ``moe_ep_size``), stored format and balanced routing; why not, as a phrase, when there are none."""
+    fmt = MOE_DTYPES.get(expert_format)
+    version = kerneldb.table_version(ref.system, "moe_perf", ref.framework, ref.version, root)
+    if fmt is None or version is None:
+        return f"no {expert_format} MoE table"
+    rows = kerneldb.read(ref.system, "moe_perf", ref.framework, version, root)
+    moe_tp = round(spec.expert_size / consts[f.MOE_I])
+    ep = round(spec.num_local_experts / consts[f.E_LOCAL]) if consts[f.E_LOCAL] < spec.num_local_experts else 1
+    sel = rows[(rows["moe_dtype"] == fmt) & (rows["hidden_size"] == spec.hidden_size)
+               & (rows["inter_size"] == spec.expert_size) & (rows["topk"] == spec.num_experts_per_tok)
+               & (rows["num_experts"] == spec.num_local_experts) & (rows["moe_tp_size"] == moe_tp)
+               & (rows["moe_ep_size"] == ep) & (rows["distribution"] == MOE_DISTRIBUTION)]  # fmt: skip
+    if sel.empty:
+        return (f"{spec.hidden_size}x{spec.expert_size} x{spec.num_local_experts} top-{spec.num_experts_per_tok} "
+                f"{fmt} at moe_tp={moe_tp}, ep={ep} not measured")  # fmt: skip
+    sel = sel.sort_values("num_tokens")
+    tokens = sel["num_tokens"].to_numpy(float)
+    t = tokens / consts[f.MOE_TOKENS]
+    roof = np.array([roofline_s(kernel_params[ROW["moe_experts"]], *map(np.array, _work(
+        consts, "moe_experts", x, x, 0.0, x, 0.0, 0.0, 0.0))) for x in t])  # fmt: skip
+    return np.log(tokens), np.log(sel["latency_s"].to_numpy() / roof)
+
+
 # ---- every table of one cost model -------------------------------------------------------------------------------
 
 
@@ -236,7 +276,8 @@ def gemm_format(dtypes: Dtypes, gemm_dtype: str) -> str | None:
 
 def _work(consts: FloatArray, kernel: str, T: float, P: float, D: float, S: float, pairs: float, pf_kv: float,
           dec_kv: float) -> tuple[float, float]:  # fmt: skip
-    """(FLOPs, bytes) of one instance of ``kernel`` in an iteration of these sums (``formulas.kernel_work``)."""
+    """(FLOPs, bytes) of one instance of ``kernel`` in an iteration of these sums (``formulas.kernel_work``; no
+    windowed layers)."""
     work = f.kernel_work(consts, T, P, D, S, pairs, pf_kv, dec_kv)
     return float(work[2 * ROW[kernel]]), float(work[2 * ROW[kernel] + 1])
 
@@ -256,6 +297,9 @@ def model_roofs(
                                                         x * y * (y + 1) / 2, x * y, 0.0)  # fmt: skip
             elif table == f.T_DECODE:  # x sequences attending y tokens in all
                 name, work = "attention_decode", _work(consts, "attention_decode", x, 0.0, x, x, 0.0, 0.0, y)
+            elif table == f.T_MOE:  # x tokens into the MoE layer: x / MOE_TOKENS of this rank's
+                t = x / consts[f.MOE_TOKENS]
+                name, work = "moe_experts", _work(consts, "moe_experts", t, t, 0.0, t, 0.0, 0.0, 0.0)
             else:
                 name = GEMMS[table]
                 work = _work(consts, name, x, x, 0.0, x, 0.0, 0.0, 0.0)
@@ -272,9 +316,14 @@ def build(
     consts: FloatArray,
     kernel_params: FloatArray,
     root: Path | None = None,
+    *,
+    part_formats: dict[str, str] | None = None,
+    compute_formats: dict[str, str] | None = None,
 ) -> Tables:
-    """The tables of ``ref`` for ``spec`` on ``tp`` GPUs in these formats (see the module docstring); ValueError when
-    the package cannot be read (the caller falls back to the curves)."""
+    """The tables of ``ref`` for ``spec`` on ``tp`` GPUs in these formats (see the module docstring); the GEMMs'
+    shapes are this GPU's, as ``consts`` has them (``costmodel.layout``), each in its part's stored format
+    (``part_formats``; ``compute_formats``: the format each GEMM kernel multiplies in); ValueError when the package
+    cannot be read (the caller falls back to the curves)."""
     missing = kerneldb.unavailable(ref.package_version) if root is None else None
     if missing:
         raise ValueError(missing)
@@ -284,20 +333,30 @@ def build(
     one = np.zeros(1)
 
     gemm = kerneldb.read(ref.system, "gemm_perf", ref.framework, ref.version, root)
-    layer_format = gemm_format(dtypes, gemm_dtype)
     h, hd = spec.hidden_size, spec.head_dim
     q, kvh = spec.num_attention_heads // tp, max(spec.num_key_value_heads // tp, 1)
-    inter = spec.intermediate_size / tp
-    shapes = {f.T_QKV: ((q + 2 * kvh) * hd, h), f.T_O: (h, q * hd), f.T_UP: (2 * inter if spec.gated_mlp else inter, h),
-              f.T_DOWN: (h, inter), f.T_LM: (math.ceil(spec.vocab_size / tp), h)}  # fmt: skip
+    inter = consts[f.MLP]
+    shapes = {f.T_QKV: (consts[f.QKV_N], h), f.T_O: (h, consts[f.O_IN]),
+              f.T_UP: (2 * inter if spec.gated_mlp else inter, h), f.T_DOWN: (h, inter),
+              f.T_LM: (consts[f.V], h)}  # fmt: skip
+    part_of = {f.T_QKV: "attention", f.T_O: "attention", f.T_UP: "dense_mlp", f.T_DOWN: "dense_mlp"}
     for table, (n, k) in shapes.items():
         name = GEMMS[table]
-        fmt = GEMM_DTYPES.get(dtypes.activation) if table == f.T_LM else layer_format
-        if spec.is_moe and table in (f.T_UP, f.T_DOWN):
-            notes.append(f"{name}: MoE experts, timed by the roofline")
+        if table == f.T_LM:
+            fmt, w = GEMM_DTYPES.get(dtypes.activation), dtypes.activation_bytes
+        else:
+            part = part_of[table]
+            stored = part_formats[part] if part_formats else dtypes.weight
+            quant = None if stored == dtypes.activation else stored
+            fmt = gemm_format(Dtypes(dtypes.activation, stored, dtypes.kv_cache, quant),
+                              compute_formats[name] if compute_formats else gemm_dtype)  # fmt: skip
+            w = DTYPE_BYTES[stored]
+        if kernel_params[ROW[name], f.COUNT] == 0:
+            continue  # no such layers (an MoE model's dense MLP)
+        if spec.is_mla and table == f.T_QKV:
+            notes.append(f"{name}: MLA's down- and up-projections, timed by the roofline")
             continue
         rows = gemm[gemm["gemm_dtype"] == fmt] if fmt else gemm.iloc[:0]
-        w = dtypes.activation_bytes if table == f.T_LM else dtypes.weight_bytes
         got = gemm_factors(rows, float(n), float(k), kernel_params[ROW[name]], w, dtypes.activation_bytes)
         if got is None:
             notes.append(f"{name}: no {fmt or dtypes.activation} GEMM table, timed by the roofline")
@@ -308,6 +367,9 @@ def build(
     for table, name, decode in ((f.T_PREFILL, "context_attention_perf", False),
                                 (f.T_DECODE, "generation_attention_perf", True)):  # fmt: skip
         kernel = "attention_decode" if decode else "attention_prefill"
+        if spec.is_mla:
+            notes.append(f"{kernel}: MLA, timed by the roofline (the database's MLA module tables are not read)")
+            continue
         rows = kerneldb.read(ref.system, name, ref.framework, ref.version, root)
         rows = rows[rows["kv_cache_dtype"] == kv_format] if kv_format else rows.iloc[:0]
         if "window_size" in rows.columns:
@@ -323,6 +385,14 @@ def build(
                                  dtypes.kv_bytes)  # fmt: skip
         if got3 is not None:
             factors[table] = got3
+
+    if spec.is_moe:
+        expert_format = part_formats["experts"] if part_formats else dtypes.weight
+        moe = moe_factors(ref, spec, consts, kernel_params, expert_format, dtypes.activation_bytes, root)
+        if isinstance(moe, str):
+            notes.append(f"moe_experts: {moe}, timed by the roofline")
+        else:
+            factors[f.T_MOE] = (moe[0], one, moe[1][:, None])
 
     if tp > 1:
         version = ref.comm_version

@@ -12,7 +12,11 @@ element count" into tokens x hidden size to query it). The tables read here:
   (``step`` 0), ``num_heads``, ``num_key_value_heads``, ``head_dim``, ``kv_cache_dtype``, ``window_size``;
 - ``attention/generation_attention_perf``: one decode step of ``batch_size`` sequences whose context, the new token
   included, is ``isl + step`` tokens;
-- ``comm/custom_allreduce_perf``: the engine's all-reduce of ``message_size`` elements over ``num_gpus`` GPUs.
+- ``comm/custom_allreduce_perf``: the engine's all-reduce of ``message_size`` elements over ``num_gpus`` GPUs;
+- ``moe/moe_perf``: one MoE layer's routed experts (vLLM's ``fused_experts``) on one GPU, ``num_tokens`` tokens
+  routed over ``num_experts`` experts of ``hidden_size`` x ``inter_size``, top-``topk``, of which this GPU holds
+  ``num_experts / moe_ep_size``, each ``inter_size / moe_tp_size`` wide, with the routing ``distribution`` (balanced
+  or power-law) the collector drew.
 
 Where a shape was measured by several kernels (FlashAttention 3 and 4 on an H100; an all-reduce inside and outside a
 CUDA graph), the engine's usual one is kept: for each dtype the kernel with the most rows (for all-reduces, the
@@ -49,12 +53,27 @@ _KEYS: dict[str, tuple[tuple[str, ...], str]] = {
         "kv_cache_dtype",
     ),
     "custom_allreduce_perf": (("allreduce_dtype", "num_gpus", "message_size"), "num_gpus"),
+    "moe_perf": (
+        (
+            "moe_dtype",
+            "num_tokens",
+            "hidden_size",
+            "inter_size",
+            "topk",
+            "num_experts",
+            "moe_tp_size",
+            "moe_ep_size",
+            "distribution",
+        ),
+        "moe_dtype",
+    ),  # fmt: skip
 }
 FAMILY = {
     "gemm_perf": "gemm",
     "context_attention_perf": "attention",
     "generation_attention_perf": "attention",
     "custom_allreduce_perf": "comm",
+    "moe_perf": "moe",
 }
 
 

@@ -1,11 +1,14 @@
 """KV-cache capacity of one GPU of a replica, as vLLM computes it.
 
     usable      = device memory x gpu_memory_utilization
-    KV cache    = usable - weights on this GPU (1/tp of them) - activation reserve
+    KV cache    = usable - weights on this GPU - activation reserve
     blocks      = floor(KV cache / (block_size x KV bytes per token on this GPU))
 
 vLLM measures the activation reserve with a profiling forward pass; ferry estimates it (``CostModel.memory_plan``).
-Every GPU of a tensor-parallel replica holds 1/tp of each token's KV, so the replica's token capacity is one GPU's.
+Every GPU of a tensor-parallel replica holds 1/tp of each token's KV (all of MLA's latent: one head), so the
+replica's token capacity is one GPU's; with pipeline parallelism each stage holds its own layers' weights and KV, and
+the replica has the blocks of the stage that fits fewest (vLLM takes the least of its workers' counts,
+``vllm/v1/core/kv_cache_utils.py``); with data parallelism each rank has a cache of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class MemoryPlan:
     kv_cache_bytes: int  # what is left for the KV cache (B)
     block_size: int  # tokens per KV block
     num_gpu_blocks: int  # KV blocks that fit
+    layout: str = ""  # the parallel layout, e.g. "tp=8" or "tp=1, dp=8, ep=8" (empty: tp alone)
+    stage: int = 0  # the pipeline stage this plan is of (the one that fits fewest blocks)
+    pp: int = 1  # pipeline stages
 
     @property
     def usable_blocks(self) -> int:
@@ -45,8 +51,11 @@ class MemoryPlan:
 
     def describe(self) -> str:
         """A few lines for ``ferry run``'s report."""
+        where = self.layout or f"tp={self.tp}"
+        if self.pp > 1:
+            where += f"; stage {self.stage} of {self.pp}, the one that fits fewest blocks"
         return (
-            f"memory per GPU ({self.hardware}, tp={self.tp}): {self.gpu_memory_bytes / GiB:.1f} GiB x "
+            f"memory per GPU ({self.hardware}, {where}): {self.gpu_memory_bytes / GiB:.1f} GiB x "
             f"{self.gpu_memory_utilization:g} = {self.usable_bytes / GiB:.2f} GiB usable; "
             f"weights {self.weight_bytes_per_gpu / GiB:.2f} GiB, activation reserve "
             f"{self.activation_reserve_bytes / GiB:.2f} GiB, KV cache {self.kv_cache_bytes / GiB:.2f} GiB\n"
@@ -67,6 +76,9 @@ def plan_memory(
     kv_bytes_per_token: int,
     block_size: int,
     reserve_for: str = "",
+    layout: str = "",
+    stage: int = 0,
+    pp: int = 1,
 ) -> MemoryPlan:
     """Divide one GPU's memory; ValueError naming the sizes, and the value at fault, when no KV block fits: the
     weights, the activation reserve (for ``reserve_for``, e.g. the scheduler limits it was sized for) or one block
@@ -86,10 +98,12 @@ def plan_memory(
     reserve_at_fault = activation_reserve_bytes > weight_bytes_per_gpu and weight_bytes_per_gpu <= usable
     if blocks < 1 and kv_cache <= 0 and not reserve_at_fault:
         verdict = "do not fit" if weight_bytes_per_gpu > usable else "leave no room for the KV cache"
+        at = layout or f"tp={tp}"
         raise ValueError(
-            f"{model} does not fit on {hardware} at tp={tp}: its weights need {weight_bytes_per_gpu / GiB:.1f} GiB "
-            f"per GPU and the activation reserve {activation_reserve_bytes / GiB:.1f} GiB, but {usable_text}, so "
-            f"they {verdict}; use more GPUs (tensor parallelism), quantized weights or a larger device"
+            f"{model} does not fit on {hardware} at {at}: its weights need {weight_bytes_per_gpu / GiB:.1f} GiB "
+            f"per GPU{f' (pipeline stage {stage})' if pp > 1 else ''} and the activation reserve "
+            f"{activation_reserve_bytes / GiB:.1f} GiB, but {usable_text}, so they {verdict}; use more GPUs (tensor "
+            "parallelism; pipeline or expert parallelism), quantized weights or a larger device"
         )
     if blocks < 1 and kv_cache <= 0:  # the reserve, larger than the weights, is what leaves no room
         raise ValueError(
@@ -117,4 +131,7 @@ def plan_memory(
         kv_cache_bytes=kv_cache,
         block_size=block_size,
         num_gpu_blocks=int(blocks),
+        layout=layout,
+        stage=stage,
+        pp=pp,
     )

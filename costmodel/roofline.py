@@ -22,7 +22,6 @@ memory-bound: every step streams all weights and each sequence's whole KV cache 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +29,10 @@ import numpy as np
 
 from costmodel import formulas as f
 from costmodel import kernel_tables
-from costmodel.dtypes import PEAK_KEY, Dtypes
+from costmodel.dtypes import PEAK_KEY
 from costmodel.formulas import KERNELS
 from costmodel.hardware import HardwareProfile
+from costmodel.layout import Layout, Parallelism
 from costmodel.memory import MemoryPlan, plan_memory
 from costmodel.model_spec import ModelSpec
 from costmodel.shape import IterationShape
@@ -91,13 +91,15 @@ class IterationBreakdown:
 
     time_s: float  # predicted iteration time (s), == CostModel.iteration_time(shape)
     ops: tuple[OpCost, ...]  # GPU operators that did work, in execution order
-    communication_s: float  # tensor-parallel all-reduces (s); 0 at tp=1
+    communication_s: float  # tensor-parallel all-reduces, data-parallel MoE collectives, pipeline sends (s)
     communication_bytes: float  # bytes all-reduced per GPU (message sizes summed)
     all_reduces: int  # all-reduce calls
     overhead_s: float  # host overheads (s)
     num_tokens: int  # tokens through the linear layers
     num_seqs: int  # sequences (prefill chunks + decodes)
     num_sampled: int  # sequences that sample a token
+    data_parallel_s: float = 0.0  # MoE layers' all-gathers and reduce-scatters over data-parallel ranks (s)
+    pipeline_s: float = 0.0  # sends between pipeline stages (s)
 
     @property
     def gpu_time_s(self) -> float:
@@ -144,7 +146,8 @@ class IterationBreakdown:
 
 
 class CostModel:
-    """Iteration times of one model on one device type with ``tp``-way tensor parallelism (one replica)."""
+    """Iteration times of one model on one device type, split over GPUs as ``parallel`` says (default: ``tp``-way
+    tensor parallelism), for one data-parallel rank (one engine; ``costmodel.layout``)."""
 
     def __init__(
         self,
@@ -156,84 +159,49 @@ class CostModel:
         quantization: str | None = None,
         *,
         tables: bool = True,
+        parallel: Parallelism | None = None,
     ) -> None:
-        """``tables=False``: time kernels by the profile's curves even where it names measured kernel tables."""
+        """``tables=False``: time kernels by the profile's curves even where it names measured kernel tables;
+        ``parallel``: the whole layout (pipeline, data and expert parallelism), whose ``tp`` replaces ``tp``."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
-        if model.num_attention_heads % tp:
-            raise ValueError(f"tp={tp} does not divide {model.name}'s num_attention_heads={model.num_attention_heads}")
-        nkv = model.num_key_value_heads
-        if nkv % tp and tp % nkv:
-            raise ValueError(f"tp={tp} and {model.name}'s num_key_value_heads={nkv}: neither divides the other")
-        self.model, self.hardware, self.tp = model, hardware, tp
-        self.dtypes = Dtypes.resolve(model.torch_dtype, dtype, kv_cache_dtype, quantization)
+        if parallel is not None and tp not in (1, parallel.tp):
+            raise ValueError(f"tp={tp} and parallel.tp={parallel.tp}: give one")
+        par = parallel or Parallelism(tp=tp)
+        self.model, self.hardware, self.parallel, self.tp = model, hardware, par, par.tp
+        self.dtypes = model.dtypes(dtype, kv_cache_dtype, quantization)
+        self.layout = layout = Layout(model, par, self.dtypes)
         peaks = hardware.peaks()
-        self.gemm_dtype = self.dtypes.gemm_compute(peaks)
+        self.gemm_formats = layout.gemm_formats(peaks)
+        # the format most of the linear layers multiply in (what ``ferry roofline`` draws against)
+        self.gemm_dtype = self.gemm_formats["moe_experts" if model.is_moe else "qkv_proj"]
         act_key = PEAK_KEY[self.dtypes.activation]
-
-        # per-GPU shapes (elements) and element sizes (bytes)
-        self._H = float(model.hidden_size)
         self._L = model.num_hidden_layers
-        self._q = float(model.q_size // tp)  # query width on this GPU
-        self._kv = float(max(nkv // tp, 1) * model.head_dim)  # key (= value) width; KV heads replicate when tp > n_kv
-        self._I = model.intermediate_size / tp  # MLP width on this GPU
-        self._V = float(math.ceil(model.vocab_size / tp))  # vocabulary slice (vLLM's vocab-parallel LM head)
-        self._E = model.num_local_experts
-        self._k = model.num_experts_per_tok
-        self._moe = model.is_moe
-        self._gated = model.gated_mlp
-        self._bias = model.attention_bias
-        self._window = model.sliding_window
-        self._a = self.dtypes.activation_bytes
-        self._w = self.dtypes.weight_bytes
-        self._c = self.dtypes.kv_bytes
 
         # (instances, compute rate FLOP/s, compute half-size FLOPs, memory rate B/s, memory half-size B, floor s)
         # per kernel
         eff = hardware.efficiency
         bw = hardware.bandwidth
-        peak_of_class = {
-            "gemm": peaks[PEAK_KEY[self.gemm_dtype]],
-            "attention_prefill": peaks[act_key],
-            "attention_decode": peaks[act_key],
-            "elementwise": peaks["fp32"],  # CUDA cores, not tensor cores
-        }
+        counts = layout.kernel_counts()
         params = []
-        for name, _, op_class, per_layer, once in KERNELS:
+        for name, _, op_class, _, _ in KERNELS:
             ce = eff.of(op_class)
-            # the LM head stays unquantized: it multiplies in the activation format whatever the other GEMMs do
-            peak = peaks[act_key] if name == "lm_head" else peak_of_class[op_class]
-            params.append(
-                (
-                    per_layer * self._L + once,
-                    peak * ce.compute.max,
-                    ce.compute.half_size,
-                    bw * ce.memory.max,
-                    ce.memory.half_size,
-                    ce.floor,
-                )
-            )
+            if op_class == "gemm":  # each GEMM at its weights' rate; the LM head, router and MLA's bmm unquantized
+                peak = peaks[PEAK_KEY[self.gemm_formats[name]]]
+            elif op_class == "elementwise":
+                peak = peaks["fp32"]  # CUDA cores, not tensor cores
+            else:
+                peak = peaks[act_key]
+            params.append((counts[name], peak * ce.compute.max, ce.compute.half_size, bw * ce.memory.max,
+                           ce.memory.half_size, ce.floor))  # fmt: skip
         self._params = tuple(params)
         self._kernel_params = np.array(params, dtype=np.float64)  # rows: formulas.COUNT .. formulas.M_HALF
 
         comm = eff.communication
         ov = hardware.overheads
         consts = np.zeros(f.NUM_CONSTS)
-        consts[[f.H, f.Q, f.KV, f.MLP, f.V, f.E, f.K]] = (
-            self._H,
-            self._q,
-            self._kv,
-            self._I,
-            self._V,
-            self._E,
-            self._k,
-        )
-        consts[[f.MOE, f.GATED, f.BIAS]] = (float(self._moe), float(self._gated), float(self._bias))
-        consts[[f.A, f.W, f.C]] = (self._a, self._w, self._c)
-        consts[f.WINDOW] = -1.0 if self._window is None else float(self._window)
-        # all-reduces: after attention and after the MLP in each layer, and after the (vocab-parallel) embedding
-        consts[f.N_ALLREDUCE] = 2 * self._L + 1 if tp > 1 else 0
-        consts[f.RING] = 2.0 * (tp - 1) / tp  # ring all-reduce: each GPU sends and receives 2(n-1)/n of the message
+        for index, value in layout.consts().items():
+            consts[index] = value
         consts[f.AR_RATE] = hardware.link_bandwidth * comm.bandwidth.max
         consts[f.AR_HALF] = comm.bandwidth.half_size
         consts[f.AR_LATENCY] = comm.latency_s.value
@@ -247,7 +215,15 @@ class CostModel:
         if ref is not None and tables:
             try:
                 self.tables = kernel_tables.build(
-                    ref, model, tp, self.dtypes, self.gemm_dtype, consts, self._kernel_params
+                    ref,
+                    model,
+                    par.tp,
+                    self.dtypes,
+                    self.gemm_dtype,
+                    consts,
+                    self._kernel_params,
+                    part_formats=layout.formats,
+                    compute_formats=self.gemm_formats,
                 )
                 self.timing = f"measured kernel tables ({ref.describe()}), interpolated"
             except ValueError as exc:  # the package is absent (or another version): the curves fitted to it
@@ -268,14 +244,15 @@ class CostModel:
         is ``iteration_time`` as a numba function."""
         return f.iteration_time, self._args
 
-    def _sums(self, shape: IterationShape) -> tuple[float, float, float, float, float, float, float, float]:
+    def _sums(self, shape: IterationShape) -> tuple[float, float, float, float, float, float, float, float, float,
+                                                    float, float]:  # fmt: skip
         return f.shape_sums(self._consts, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled)
 
     def kernels(self, shape: IterationShape) -> list[KernelCost]:
         """Every kernel of the iteration with its per-instance FLOPs, bytes and times (no overheads)."""
         sums = self._sums(shape)
-        T, P, D, S, pairs, _, dec_kv, seqs = sums
-        work = f.kernel_work(self._consts, *sums[:7])
+        T, P, D, S, pairs, _, dec_kv, seqs, w_pairs, _, w_dec_kv = sums
+        work = f.kernel_work(self._consts, *sums[:7], *sums[8:])
         toc, tab = self.tables.toc, self.tables.tab
         out = []
         for i, ((name, op, op_class, _, _), row) in enumerate(zip(KERNELS, self._kernel_params, strict=True)):
@@ -285,7 +262,10 @@ class CostModel:
             table = int(f.KERNEL_TABLE[i])
             factor, roof = 1.0, max(tc, tm, row[f.FLOOR]) if max(tc, tm) > 0.0 else 0.0
             if table >= 0 and roof > 0.0 and toc[table, f.NX] > 0:
-                factor = f.kernel_table_time(toc, tab, table, roof, T, D, S, seqs - D, pairs, dec_kv) / roof
+                windowed = i in f.WINDOW_KERNELS
+                at = (w_pairs, w_dec_kv) if windowed else (pairs, dec_kv)
+                moe_tokens = self._consts[f.MOE_TOKENS]
+                factor = f.kernel_table_time(toc, tab, table, roof, T, D, S, seqs - D, *at, moe_tokens) / roof
             out.append(
                 KernelCost(name, op, op_class, int(row[f.COUNT]), flops, nbytes, tc, tm, bound, row[f.FLOOR], factor)
             )
@@ -310,17 +290,20 @@ class CostModel:
         )
         comm_s, message = f.allreduce(self._consts, self.tables.toc, self.tables.tab, T)
         calls = int(self._consts[f.N_ALLREDUCE]) if comm_s > 0.0 else 0
+        dp_s, p2p_s = f.collectives(self._consts, T)
         overhead = self._consts[f.PER_ITERATION] + self._consts[f.PER_SEQUENCE] * sums[7] if T > 0.0 else 0.0
         return IterationBreakdown(
             time_s=f.time_of_sums(self._consts, self._kernel_params, self.tables.toc, self.tables.tab, sums),
             ops=op_costs,
-            communication_s=comm_s,
+            communication_s=comm_s + dp_s + p2p_s,
             communication_bytes=calls * message,
             all_reduces=calls,
             overhead_s=float(overhead),
             num_tokens=int(T),
             num_seqs=int(sums[7]),
             num_sampled=int(sums[3]),
+            data_parallel_s=dp_s,
+            pipeline_s=p2p_s,
         )
 
     @property
@@ -329,21 +312,29 @@ class CostModel:
         return self.hardware.peak_flops(self.gemm_dtype) / self.hardware.bandwidth
 
     def weight_bytes_per_gpu(self) -> float:
-        """Weights one GPU holds (B): its 1/tp of every sharded matrix, plus the replicated norms (and router)."""
-        H, q, kv, I, V = self._H, self._q, self._kv, self._I, self._V  # noqa: E741
-        a, w = self._a, self._w
-        up = 2.0 * I if self._gated else I
-        per_layer = (H * (q + 2.0 * kv) + q * H) * w + self._E * (up + I) * H * w + 2.0 * H * a
-        if self._bias:
-            per_layer += (q + 2.0 * kv) * a
-        if self._moe:
-            per_layer += H * self._E * a
-        embeddings = (1 if self.model.tie_word_embeddings else 2) * V * H * a
-        return self._L * per_layer + embeddings + H * a
+        """Weights one GPU holds (B): its shares of the sharded matrices and its whole replicated ones, on the
+        pipeline stage that holds the most (``costmodel.layout``)."""
+        return max(self.layout.stage_weight_bytes(s) for s in range(self.parallel.pp))
 
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token occupies on one GPU: 2 x L x (KV heads here) x head_dim x bytes."""
-        return int(2 * self._L * self._kv * self._c)
+        """KV-cache bytes one token occupies on one GPU (the stage with the most charged layers): layers x (MLA: the
+        latent and rotary key; else 2 x this GPU's KV heads x head_dim) x bytes."""
+        return max(self.layout.stage_kv_bytes_per_token(s) for s in range(self.parallel.pp))
+
+    def activation_reserve_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+        """Peak activations of one forward pass, as vLLM's profiling run finds them, estimated (B): over
+        max_num_batched_tokens, all live at once (a generous estimate), the residual stream and hidden state (2H),
+        the q/k/v projection's output (MLA: its down-projections'), the MLP's gate/up and activation outputs (MoE:
+        the rows routed to this GPU, of every data-parallel rank, and the shared expert's), plus fp32 logits for
+        max_num_seqs sampled sequences over the whole vocabulary and the runtime's own reserve."""
+        c, lay = self._consts, self.layout
+        up = 2.0 if self.model.gated_mlp else 1.0
+        mlp = (up + 1.0) * lay.mlp if len(self.model.moe_layer_ids) < self._L else 0.0
+        if self.model.is_moe:
+            rows = c[f.MOE_TOKENS] * c[f.K] * c[f.E_LOCAL] / c[f.E]
+            mlp = max(mlp, rows * (up + 1.0) * lay.moe_i + (up + 1.0) * lay.shared_i + c[f.MOE_TOKENS] * c[f.H])
+        per_token = (2.0 * c[f.H] + lay.qkv_n + mlp) * self.dtypes.activation_bytes
+        return max_num_batched_tokens * per_token + max_num_seqs * self.model.vocab_size * 4 + RUNTIME_RESERVE_BYTES
 
     def memory_plan(
         self,
@@ -353,27 +344,31 @@ class CostModel:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 256,
     ) -> MemoryPlan:
-        """The KV-cache capacity of one GPU, as vLLM computes it (see ``costmodel.memory``)."""
-        # activations of one forward pass over max_num_batched_tokens, all live at once (a generous estimate): the
-        # residual stream and hidden state (2H), the q/k/v output, the MLP's gate/up and activation outputs (per routed
-        # expert for MoE); plus fp32 logits for max_num_seqs sampled sequences over the whole vocabulary
-        up = 2.0 * self._I if self._gated else self._I
-        per_token = (2.0 * self._H + self._q + 2.0 * self._kv + self._k * (up + self._I)) * self._a
-        reserve = max_num_batched_tokens * per_token + max_num_seqs * self.model.vocab_size * 4 + RUNTIME_RESERVE_BYTES
-        return plan_memory(
-            model=self.model.name,
-            hardware=self.hardware.name,
-            tp=self.tp,
-            gpu_memory_bytes=self.hardware.memory_bytes,
-            gpu_memory_utilization=gpu_memory_utilization,
-            weight_bytes_per_gpu=int(self.weight_bytes_per_gpu()),
-            activation_reserve_bytes=int(reserve),
-            kv_bytes_per_token=self.kv_bytes_per_token(),
-            block_size=block_size,
-            reserve_for=f"max_num_batched_tokens={max_num_batched_tokens:,} and max_num_seqs={max_num_seqs:,}",
-        )
+        """The KV-cache capacity of one rank, as vLLM computes it (see ``costmodel.memory``): every GPU of a pipeline
+        has the blocks of the stage that fits fewest (vLLM takes the least of its workers' counts)."""
+        reserve = self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs)
+        plans = []
+        for stage in range(self.parallel.pp):
+            plans.append(
+                plan_memory(
+                    model=self.model.name,
+                    hardware=self.hardware.name,
+                    tp=self.tp,
+                    gpu_memory_bytes=self.hardware.memory_bytes,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    weight_bytes_per_gpu=int(self.layout.stage_weight_bytes(stage)),
+                    activation_reserve_bytes=int(reserve),
+                    kv_bytes_per_token=self.layout.stage_kv_bytes_per_token(stage),
+                    block_size=block_size,
+                    reserve_for=f"max_num_batched_tokens={max_num_batched_tokens:,} and max_num_seqs={max_num_seqs:,}",
+                    layout=self.parallel.describe(),
+                    stage=stage,
+                    pp=self.parallel.pp,
+                )
+            )
+        return min(plans, key=lambda p: p.num_gpu_blocks)
 
     def describe(self) -> str:
         """One line: model, device, parallelism and formats."""
         gemm = "" if self.gemm_dtype == self.dtypes.activation else f", GEMMs in {self.gemm_dtype}"
-        return f"{self.model.name} on {self.hardware.name}, tp={self.tp}: {self.dtypes.describe()}{gemm}"
+        return f"{self.model.name} on {self.hardware.name}, {self.parallel.describe()}: {self.dtypes.describe()}{gemm}"

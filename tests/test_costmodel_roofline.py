@@ -298,16 +298,19 @@ def test_dtype_defaults_to_the_checkpoint() -> None:
 
 def test_moe_decode_reads_only_the_experts_its_tokens_hit() -> None:
     cm = cost_model("mixtral-8x7b")
-    one = next(k for k in cm.kernels(shape(decode=[(1, 10)])) if k.name == "mlp_down")
-    many = next(k for k in cm.kernels(shape([(4096, 0)])) if k.name == "mlp_down")
-    expert_bytes = 14336 * 4096 * 2
+    one = next(k for k in cm.kernels(shape(decode=[(1, 10)])) if k.name == "moe_experts")
+    many = next(k for k in cm.kernels(shape([(4096, 0)])) if k.name == "moe_experts")
+    expert_bytes = 3 * 14336 * 4096 * 2  # gate, up and down of one expert, bf16
     assert one.bytes == pytest.approx(2 * expert_bytes, rel=0.01)  # one token: its top-2 experts
     assert many.bytes > 8 * expert_bytes  # many tokens: all 8 experts (plus activations)
-    # FLOPs follow the top-k experts per token, not all of them
-    assert many.flops == 2 * 4096 * 2 * 14336 * 4096
+    # FLOPs follow the top-k experts per token, not all of them: gate/up, the activation (5 per element), down
+    rows = 4096 * 2
+    assert many.flops == 2 * rows * 4096 * 2 * 14336 + 5 * rows * 14336 + 2 * rows * 14336 * 4096
     e, k = 8, 2
     t = 3
-    three = next(k_ for k_ in cm.kernels(shape(decode=[(t, 10)])) if k_.name == "mlp_down")
+    three = next(k_ for k_ in cm.kernels(shape(decode=[(t, 10)])) if k_.name == "moe_experts")
     expected_experts = e * (1 - (1 - k / e) ** t)
-    assert three.bytes == pytest.approx(expected_experts * expert_bytes + t * k * (14336 + 4096) * 2)
+    # the rows read the token and write gate/up, activation and output: (2 H + 2 I + 3 I) elements, the tokens once
+    activations = t * k * (2 * 4096 + 2 * 14336 + 3 * 14336) * 2 + t * 4096 * 2
+    assert three.bytes == pytest.approx(expected_experts * expert_bytes + activations)
     assert math.isclose(cm.model.num_active_params() / cm.model.num_params(), 12.9 / 46.7, rel_tol=0.01)
