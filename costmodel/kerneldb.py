@@ -16,7 +16,11 @@ element count" into tokens x hidden size to query it). The tables read here:
 - ``moe/moe_perf``: one MoE layer's routed experts (vLLM's ``fused_experts``) on one GPU, ``num_tokens`` tokens
   routed over ``num_experts`` experts of ``hidden_size`` x ``inter_size``, top-``topk``, of which this GPU holds
   ``num_experts / moe_ep_size``, each ``inter_size / moe_tp_size`` wide, with the routing ``distribution`` (balanced
-  or power-law) the collector drew.
+  or power-law) the collector drew;
+- ``mla/mla_context_module_perf`` and ``mla_generation_module_perf``: DeepSeek-V3's whole MLA attention block on
+  one GPU (projections, RoPE, the latent's expansion or absorption, attention, output projection), ``num_heads``
+  per GPU, prefill of ``batch_size`` prompts of ``isl`` tokens, or decode at context ``step``, with its
+  ``kv_cache_dtype`` and the projections' ``gemm_type``.
 
 Where a shape was measured by several kernels (FlashAttention 3 and 4 on an H100; an all-reduce inside and outside a
 CUDA graph), the engine's usual one is kept: for each dtype the kernel with the most rows (for all-reduces, the
@@ -67,6 +71,14 @@ _KEYS: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "moe_dtype",
     ),  # fmt: skip
+    "mla_context_module_perf": (
+        ("kv_cache_dtype", "gemm_type", "num_heads", "batch_size", "isl", "step"),
+        "kv_cache_dtype",
+    ),
+    "mla_generation_module_perf": (
+        ("kv_cache_dtype", "gemm_type", "num_heads", "batch_size", "isl", "step"),
+        "kv_cache_dtype",
+    ),
 }
 FAMILY = {
     "gemm_perf": "gemm",
@@ -74,6 +86,8 @@ FAMILY = {
     "generation_attention_perf": "attention",
     "custom_allreduce_perf": "comm",
     "moe_perf": "moe",
+    "mla_context_module_perf": "mla",
+    "mla_generation_module_perf": "mla",
 }
 
 
