@@ -325,14 +325,15 @@ class CostModel:
         """Peak activations of one forward pass, as vLLM's profiling run finds them, estimated (B): over
         max_num_batched_tokens, all live at once (a generous estimate), the residual stream and hidden state (2H),
         the q/k/v projection's output (MLA: its down-projections'), the MLP's gate/up and activation outputs (MoE:
-        the rows routed to this GPU, of every data-parallel rank, and the shared expert's), plus fp32 logits for
+        the rows routed to this GPU's experts, a rank's batch at a time, and the shared expert's), plus fp32 logits for
         max_num_seqs sampled sequences over the whole vocabulary and the runtime's own reserve."""
         c, lay = self._consts, self.layout
         up = 2.0 if self.model.gated_mlp else 1.0
         mlp = (up + 1.0) * lay.mlp if len(self.model.moe_layer_ids) < self._L else 0.0
-        if self.model.is_moe:
-            rows = c[f.MOE_TOKENS] * c[f.K] * c[f.E_LOCAL] / c[f.E]
-            mlp = max(mlp, rows * (up + 1.0) * lay.moe_i + (up + 1.0) * lay.shared_i + c[f.MOE_TOKENS] * c[f.H])
+        if self.model.is_moe:  # the gathered tokens of data-parallel ranks are processed a rank's batch at a time
+            # (vLLM's ChunkingMoERunner, ``vllm/model_executor/layers/fused_moe/runner/``)
+            rows = c[f.K] * c[f.E_LOCAL] / c[f.E]
+            mlp = max(mlp, rows * (up + 1.0) * lay.moe_i + (up + 1.0) * lay.shared_i + c[f.H])
         per_token = (2.0 * c[f.H] + lay.qkv_n + mlp) * self.dtypes.activation_bytes
         return max_num_batched_tokens * per_token + max_num_seqs * self.model.vocab_size * 4 + RUNTIME_RESERVE_BYTES
 

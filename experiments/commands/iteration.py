@@ -18,6 +18,7 @@ from typing import Any
 
 from costmodel import CostModel, IterationBreakdown, IterationShape, load_hardware, load_model
 from costmodel.engines import apply_engine
+from costmodel.layout import Parallelism
 
 _PAIR = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
 
@@ -47,6 +48,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel GPUs (default 1)"
     )
+    parser.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1, help="pipeline stages (1)")
+    parser.add_argument(
+        "--dp",
+        "--data-parallel-size",
+        dest="dp",
+        type=int,
+        default=1,
+        help="data-parallel ranks: MoE layers take every rank's tokens, this rank's batch repeated (1)",
+    )
+    parser.add_argument(
+        "--enable-expert-parallel", action="store_true", help="MoE: whole experts per GPU over tp x dp GPUs"
+    )
     parser.add_argument(
         "--engine-overheads", metavar="NAME", default=None, help="an engine preset's host overheads (vllm-v1, ...)"
     )
@@ -56,10 +69,12 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     hardware = load_hardware(args.hardware)
     if args.engine_overheads is not None:
         hardware = apply_engine(hardware, args.engine_overheads)
+    if args.enable_expert_parallel and args.tp * args.dp == 1:
+        raise ValueError("--enable-expert-parallel spreads the experts over tp x dp GPUs, and there is one")
     return CostModel(
         load_model(args.model),
         hardware,
-        tp=args.tp,
+        parallel=Parallelism(tp=args.tp, pp=args.pp, dp=args.dp, expert_parallel=args.enable_expert_parallel),
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
