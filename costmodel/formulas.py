@@ -53,6 +53,7 @@ from costmodel.work import (  # noqa: F401  (what each kernel counts; its names 
     NUM_SUMS,
     O_IN,
     PER_ITERATION,
+    PER_PREFILL,
     PER_SEQUENCE,
     Q_UP,
     QKV_N,
@@ -257,7 +258,8 @@ def time_of_sums(
         gpu += count * t
     gpu += allreduce(consts, toc, tab, T)[0]
     dp_s, p2p_s = collectives(consts, T)
-    return gpu + dp_s + p2p_s + consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7]
+    host = consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7] + consts[PER_PREFILL] * (sums[7] - sums[2])
+    return gpu + dp_s + p2p_s + host
 
 
 @njit(cache=True)

@@ -111,6 +111,9 @@ class Overheads(_Strict):
     per_iteration_s: Quantity  # scheduling, preparing inputs, launching, sampler setup
     per_sequence_s: Quantity  # per sequence in the iteration (prefill chunk or decode): metadata, sampling, output
     per_layer_s: Quantity  # per transformer layer (kernel launches not hidden by CUDA graphs)
+    # per prompt chunk in the iteration beyond per_sequence_s: a request's prefill inputs prepared on the host (its
+    # state added to the batch, its prompt's token ids, positions and block table); None: not measured (0)
+    per_prefill_s: Quantity | None = None
 
 
 class Interconnect(_Strict):

@@ -207,6 +207,7 @@ class CostModel:
         consts[f.AR_LATENCY] = comm.latency_s.value
         consts[f.PER_ITERATION] = ov.per_iteration_s.value + ov.per_layer_s.value * self._L
         consts[f.PER_SEQUENCE] = ov.per_sequence_s.value
+        consts[f.PER_PREFILL] = ov.per_prefill_s.value if ov.per_prefill_s is not None else 0.0
         self._consts = consts
         self.tables = kernel_tables.Tables()
         # where the kernels' seconds come from, in words (``timing``), and why not the tables when they are named
@@ -291,7 +292,9 @@ class CostModel:
         comm_s, message = f.allreduce(self._consts, self.tables.toc, self.tables.tab, T)
         calls = int(self._consts[f.N_ALLREDUCE]) if comm_s > 0.0 else 0
         dp_s, p2p_s = f.collectives(self._consts, T)
-        overhead = self._consts[f.PER_ITERATION] + self._consts[f.PER_SEQUENCE] * sums[7] if T > 0.0 else 0.0
+        cs = self._consts
+        host = cs[f.PER_ITERATION] + cs[f.PER_SEQUENCE] * sums[7] + cs[f.PER_PREFILL] * (sums[7] - sums[2])
+        overhead = host if T > 0.0 else 0.0
         return IterationBreakdown(
             time_s=f.time_of_sums(self._consts, self._kernel_params, self.tables.toc, self.tables.tab, sums),
             ops=op_costs,

@@ -80,7 +80,8 @@ PER_ITERATION, PER_SEQUENCE = 19, 20
 # ring factor; N_P2P: pipeline sends per iteration
 (QKV_N, Q_UP, O_IN, MLA, NH, LAT, ROPE, NOPE, DV, WINDOW2, CHUNKED, MOE_I, E_LOCAL, MOE_TOKENS, SH_I, W_MLP, W_EXP,
  W_SH, N_DP_COMM, DP_RING, N_P2P) = range(21, 42)  # fmt: skip
-NUM_CONSTS = 42
+PER_PREFILL = 42  # host seconds per prompt chunk in the iteration (Overheads.per_prefill_s)
+NUM_CONSTS = 43
 
 # what ``shape_sums`` returns, by position
 NUM_SUMS = 11

@@ -138,11 +138,13 @@ class ClassFit:
 
 @dataclass(frozen=True, slots=True)
 class Overheads:
-    """Host seconds of an iteration: ``per_iteration + per_layer x layers + per_sequence x sequences``."""
+    """Host seconds of an iteration: ``per_iteration + per_layer x layers + per_sequence x sequences`` (+
+    ``per_prefill x prompt chunks`` where measured)."""
 
     per_iteration_s: float = 0.0
     per_layer_s: float = 0.0
     per_sequence_s: float = 0.0
+    per_prefill_s: float = 0.0
 
     def time(self, layers: FloatArray, seqs: FloatArray) -> FloatArray:
         return self.per_iteration_s + self.per_layer_s * layers + self.per_sequence_s * seqs

@@ -163,8 +163,9 @@ def shapes_of(frame: pd.DataFrame) -> list[IterationShape]:
 
 
 def to_raw(frame: pd.DataFrame, spec: ModelSpec, dtype: str, *, source: str, model: str | None = None) -> pd.DataFrame:
-    """The checked iteration table as raw calibration rows (``harness.ROW_COLUMNS``): whole iterations of ``spec``
-    in ``dtype``, their kernels counted by the cost model; ``source`` names where they were measured."""
+    """The checked iteration table as raw calibration rows (``harness.ROW_COLUMNS``, and ``prefills``: the prompt
+    chunks of each, which ``per_prefill_s`` is fitted on): whole iterations of ``spec`` in ``dtype``, their kernels
+    counted by the cost model; ``source`` names where they were measured."""
     from costmodel.calibration.harness import ROW_COLUMNS
 
     work = WorkCounter(spec, dtype)
@@ -174,7 +175,7 @@ def to_raw(frame: pd.DataFrame, spec: ModelSpec, dtype: str, *, source: str, mod
                       layers=spec.num_hidden_layers)
         for shape, t in zip(shapes_of(frame), seconds, strict=True)
     ]  # fmt: skip
-    return pd.DataFrame(rows, columns=[*ROW_COLUMNS])
+    return pd.DataFrame(rows, columns=[*ROW_COLUMNS, "prefills"])
 
 
 def fit_iterations(
@@ -232,6 +233,7 @@ def iteration_row(
         "chunk": shape.num_prefill_tokens,
         "context": int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
         "seqs": shape.num_seqs,
+        "prefills": len(shape.prefill_new),  # prompt chunks (per_prefill_s)
         "shape": shape_text(shape),
         "flops": sum(t.count * t.flops for t in terms),
         "bytes": sum(t.count * t.bytes for t in terms),

@@ -321,8 +321,9 @@ def _balance(raw: pd.DataFrame, iteration: np.ndarray) -> np.ndarray:
 
 
 def _overhead_features(raw: pd.DataFrame, iteration: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Host-overhead features of each row (0 for kernel rows): 1, layers and sequences for whole iterations; a
-    feature constant over the iterations (one depth measured, say) is left out (folded into per_iteration). Rows
+    """Host-overhead features of each row (0 for kernel rows): 1, layers and sequences for whole iterations, and
+    prompt chunks where the table counts them (``prefills``); a feature constant over the iterations (one depth
+    measured, say) is left out (folded into per_iteration). Rows
     timed from a client's side (a probe's TTFT) add the client's wait per request (``client_requests``: 1 for those
     rows, 0 for token gaps), fitted as ``CLIENT``."""
     if not iteration.any():
@@ -330,6 +331,8 @@ def _overhead_features(raw: pd.DataFrame, iteration: np.ndarray) -> tuple[np.nda
     layers = raw["layers"].to_numpy(dtype=float)
     seqs = raw["seqs"].to_numpy(dtype=float)
     candidates = {"per_iteration_s": np.ones(len(raw)), "per_layer_s": layers, "per_sequence_s": seqs}
+    if "prefills" in raw.columns:  # prompt chunks per iteration: an iteration table that counts them
+        candidates["per_prefill_s"] = raw["prefills"].fillna(0.0).to_numpy(dtype=float)
     if "client_requests" in raw.columns:
         candidates[CLIENT] = raw["client_requests"].fillna(0.0).to_numpy(dtype=float)
     names = [name for name, f in candidates.items() if name == "per_iteration_s" or len(np.unique(f[iteration])) > 1]

@@ -104,7 +104,9 @@ def profile_data(
         }
         data["efficiency"]["communication"]["bandwidth"]["note"] = "ring all-reduce bus bandwidth share, fitted"
     e_it = err.get("iteration", {})
-    for key in ("per_iteration_s", "per_layer_s", "per_sequence_s"):
+    for key in ("per_iteration_s", "per_layer_s", "per_sequence_s", "per_prefill_s"):
+        if key == "per_prefill_s" and key not in fitted_overheads:
+            continue  # measured only from tables that count prompt chunks; absent otherwise (0)
         if fitted_overheads:
             fitted = key in fitted_overheads
             note = (
