@@ -71,6 +71,7 @@ def host_check(
     host = {
         "per_iteration_s": ov.per_iteration_s.value,
         "per_sequence_s": ov.per_sequence_s.value,
+        "per_prefill_s": ov.per_prefill_s.value if ov.per_prefill_s is not None else 0.0,
         "decode_step_s": step,
         "host_share_of_decode_step": ov.per_iteration_s.value / step if step > 0 else math.nan,
         "fitted_gap_error": check,
@@ -144,5 +145,6 @@ def _host_line(host: dict[str, Any]) -> str:
     )  # fmt: skip
     return (
         f"engine host time per step (per_iteration_s): {1e3 * host['per_iteration_s']:.2f} ms{share}, "
-        f"per sequence {1e3 * host['per_sequence_s']:.3f} ms{gaps}"
+        f"per sequence {1e3 * host['per_sequence_s']:.3f} ms, per prompt chunk {1e3 * host['per_prefill_s']:.2f} ms"
+        f"{gaps}"
     )
