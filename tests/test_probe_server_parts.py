@@ -139,7 +139,7 @@ def test_the_fit_is_checked_on_the_gaps_it_was_fitted_on() -> None:
             def __init__(self, v: float) -> None:
                 self.value = v
 
-        per_iteration_s, per_sequence_s = _Q(0.003), _Q(0.0001)
+        per_iteration_s, per_sequence_s, per_prefill_s = _Q(0.003), _Q(0.0001), None
 
     class Fit:
         class profile:  # noqa: N801
