@@ -14,7 +14,7 @@ import pandas as pd
 import policies
 from experiments.config import RunConfig
 from experiments.disagg_config import GPUS_PER_NODE, ROLES
-from experiments.simulation import RunResult, build_replica, build_workload, engine_for
+from experiments.replica import RunResult, build_replica, build_workload, engine_for
 from policies.routing import get_router
 from sim.cluster import ReplicaSetup
 from sim.cluster_metrics import summarize_cluster

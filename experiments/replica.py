@@ -1,0 +1,251 @@
+"""What a run config makes: the workload it describes, and each replica's model, device, cost model, resolved settings
+and memory plan (``build_replica``); and a run's result (``RunResult``), which a replica summarises.
+
+``experiments.simulation`` runs these on one replica or a cluster, ``experiments.disagg_run`` on two pools; both build
+from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import policies
+from costmodel import CostModel, HardwareProfile, MemoryPlan, ModelSpec, load_hardware, load_model
+from costmodel.engines import apply_engine
+from experiments.config import RunConfig
+from policies.config import ITERATION_LIMITED
+from policies.vllm_defaults import EngineDefaults, engine_defaults
+from sim.cluster import ClusterRecords
+from sim.cluster_metrics import summarize_cluster
+from sim.disagg import DisaggRecords
+from sim.engine import default_stream
+from sim.kvcache import KVCacheManager
+from sim.metrics import summarize
+from sim.prefix_cache import PrefixCachingKV, block_keys
+from sim.records import RunRecords
+from sim.request import RequestTable
+from sim.workload import Workload, load_trace, synthetic
+from sim.workload.lengths import read_length_pairs
+from sim.workload.prefixes import grouped
+from sim.workload.sessions import multi_turn
+
+DEFAULT_NUM_PROMPTS = 1000
+
+
+@dataclass
+class RunResult:
+    config: RunConfig  # the resolved config (max_model_len and token budget filled in)
+    memory: MemoryPlan
+    workload: Workload
+    records: RunRecords  # a cluster's: every replica's iterations one after the other (``cluster.merged()``)
+    summary: dict[str, Any]
+    cluster: ClusterRecords | None = None  # a cluster's records, replica by replica
+    disagg: DisaggRecords | None = None  # a disaggregated run's: each pool's records and each request's path
+
+
+def build_workload(config: RunConfig) -> Workload:
+    w = config.workload
+    if w.trace is not None:
+        return load_trace(
+            w.trace, w.trace_format, limit=w.num_prompts, time_scale=w.trace_time_scale, sort=w.sort_trace
+        )
+    rng = np.random.default_rng(w.seed)
+    num = w.num_prompts if w.num_prompts is not None else DEFAULT_NUM_PROMPTS
+    pairs = read_length_pairs(w.lengths_from, w.lengths_max_total) if w.lengths_from is not None else None
+    workload = synthetic(num, w.request_rate, w.burstiness, w.input_len, w.output_len, rng, pairs=pairs)
+    if w.prefix_len > 0:
+        shared = grouped(num, w.prefix_len, w.num_prefix_groups, rng)  # drawn after the requests: they stay the same
+        workload = dataclasses.replace(
+            workload,
+            prompt_tokens=workload.prompt_tokens + w.prefix_len,
+            source=f"{workload.source} prefix={w.prefix_len}x{w.num_prefix_groups}",
+            prefixes=shared,
+        )
+    if w.turns > 1:
+        workload = multi_turn(workload, w.turns, w.think_time_s, w.input_len, w.output_len, rng)
+    return workload
+
+
+def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> tuple[RunConfig, EngineDefaults | None]:
+    """Fill in what the user left to the model, the device and the modelled engine: ``max_model_len`` defaults to the
+    model's context length (as vLLM), and may not exceed it; for continuous and chunked batching, the limits, the
+    admission rule and the watermark a default ``vllm serve`` of ``config.vllm_defaults`` picks on this device
+    (returned too); the token budget and seat limit otherwise follow ``SchedulerConfig``'s fallbacks; the delivery
+    (``stream``) defaults to the policy's."""
+    sched = config.scheduler
+    given = sched.model_fields_set
+    max_position_embeddings = model.max_position_embeddings
+    max_len = sched.max_model_len if "max_model_len" in given else max_position_embeddings
+    if max_len > max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_len} exceeds the model's max_position_embeddings={max_position_embeddings}"
+        )
+    fields = sched.model_dump(exclude_unset=True) | {"max_model_len": max_len}
+    vllm = None
+    if sched.policy in ITERATION_LIMITED:
+        settings = hardware.provenance.settings or {}
+        vllm = engine_defaults(
+            config.vllm_defaults,
+            sched.policy,
+            memory_gib=hardware.memory_capacity_gib.value,
+            device_name=f"{hardware.name} {hardware.description}",
+            max_model_len=max_len,
+            world_size=config.tensor_parallel_size,
+            cpu=settings.get("device", "").startswith("cpu"),
+            mix_prefill_decode=sched.mix_prefill_decode,
+        )
+        chunked = sched.policy == "chunked"
+        limits = ("max_num_batched_tokens", "max_num_seqs") + (("scheduler_reserve_full_isl",) if chunked else ())
+        applied = [k for k in limits if k not in fields] + (["kv_watermark"] if config.kv_watermark is None else [])
+        fields.setdefault("max_num_batched_tokens", vllm.max_num_batched_tokens)
+        fields.setdefault("max_num_seqs", min(vllm.max_num_seqs, fields["max_num_batched_tokens"]))
+        if chunked:
+            fields.setdefault("scheduler_reserve_full_isl", vllm.scheduler_reserve_full_isl)
+            fields.setdefault("cap_lone_prefill", vllm.cap_lone_prefill)
+            if fields.get("long_prefill_token_threshold_adaptive") and vllm.cap_lone_prefill:
+                raise ValueError(
+                    f"long_prefill_token_threshold_adaptive: vLLM has it from 0.31.0, but --vllm-defaults is "
+                    f"{config.vllm_defaults}; leave it out or give a later release"
+                )
+        vllm = dataclasses.replace(vllm, applied=tuple(applied))
+    # the other policies keep their limits unset: they do not read them (the memory plan takes the fallbacks)
+    update: dict[str, Any] = {"scheduler": policies.SchedulerConfig(**fields)}
+    if config.kv_watermark is None and vllm is not None:
+        update["kv_watermark"] = vllm.watermark
+    if config.stream is None:
+        update["stream"] = default_stream(policies.get_class(sched.policy))
+    return config.model_copy(update=update), vllm
+
+
+@dataclass
+class Replica:
+    """What a config makes of one replica: the resolved config, the model, the device, the cost model, the memory."""
+
+    config: RunConfig  # resolved (max_model_len, the limits, the watermark and the delivery filled in)
+    model: ModelSpec
+    hardware: HardwareProfile
+    cost: CostModel
+    memory: MemoryPlan
+    vllm: EngineDefaults | None = None  # the `vllm serve` defaults the config took (continuous, chunked)
+
+    def new_requests(self, workload: Workload) -> tuple[RequestTable, KVCacheManager]:
+        """A fresh request table and KV cache for one run of ``workload`` on this replica."""
+        requests = RequestTable(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)
+        requests.after, requests.think = workload.after, workload.think_s
+        return requests, self.new_kv(workload)
+
+    def new_kv(self, workload: Workload) -> KVCacheManager:
+        """A fresh KV cache for one run of ``workload`` on this replica: with prefix caching, one that knows what
+        the workload's requests share."""
+        blocks, size, n = self.memory.usable_blocks, self.memory.block_size, len(workload)
+        watermark = self.config.kv_watermark or 0.0
+        if not self.config.enable_prefix_caching:
+            return KVCacheManager(blocks, size, n, watermark=watermark)
+        return PrefixCachingKV(blocks, size, n, block_keys(workload, size), watermark=watermark)
+
+    def result(
+        self,
+        workload: Workload,
+        records: RunRecords,
+        hardware: str | None = None,
+        cluster: ClusterRecords | None = None,
+        detail: bool = True,
+        gpus: list[int] | None = None,
+    ) -> RunResult:
+        """Summarise a run's records (a simulation's, or a real run's with ``hardware`` naming the device; a
+        cluster's with ``cluster``, of which ``records`` is the merged view; ``detail=False``: without each
+        replica's own summary; ``gpus``: each replica's GPUs, default this config's tensor parallelism)."""
+        records.request_ids = workload.request_id
+        if cluster is not None:
+            cluster.request_ids = workload.request_id
+            gpus = gpus or [self.config.tensor_parallel_size] * len(cluster.replicas)
+            summary = summarize_cluster(cluster, self.config.goodput, gpus, detail)
+        else:
+            summary = summarize(records, self.config.goodput)
+        summary["model"] = self.model.name
+        summary["hardware"] = hardware or self.hardware.name
+        summary["hardware_profile"] = {"name": self.hardware.name, "kind": self.hardware.kind,
+                                       "origin": self.hardware.origin()}  # fmt: skip
+        summary["workload"] = workload.source
+        summary["memory"] = memory_summary(self.memory)
+        if self.vllm is not None:
+            summary["vllm_defaults"] = dataclasses.asdict(self.vllm)
+        summary["config"] = self.config.to_jsonable()
+        return RunResult(self.config, self.memory, workload, records, summary, cluster)
+
+
+def build_replica(config: RunConfig) -> Replica:
+    """Load the model and the hardware profile, build the cost model, resolve the config, plan the memory."""
+    model = load_model(config.model)
+    hardware = load_hardware(config.hardware)
+    if config.engine_overheads is not None:
+        hardware = apply_engine(hardware, config.engine_overheads)
+    cost = CostModel(
+        model,
+        hardware,
+        tp=config.tensor_parallel_size,
+        dtype=None if config.dtype == "auto" else config.dtype,
+        kv_cache_dtype=None if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
+        quantization=config.quantization,
+    )
+    config, vllm = resolve(config, model, hardware)
+    memory = cost.memory_plan(
+        config.gpu_memory_utilization,
+        config.block_size,
+        max_num_batched_tokens=config.scheduler.token_budget,
+        max_num_seqs=config.scheduler.seq_limit,
+    )
+    if config.num_gpu_blocks_override is not None:
+        memory = override_blocks(memory, config.num_gpu_blocks_override)
+    check_max_model_len_fits(config.scheduler.max_model_len, memory)
+    return Replica(config, model, hardware, cost, memory, vllm)
+
+
+def override_blocks(memory: MemoryPlan, blocks: int) -> MemoryPlan:
+    """The plan with ``blocks`` KV blocks (vLLM's ``num_gpu_blocks_override``, for experiments with a small cache);
+    refused when the device could not hold them."""
+    block_bytes = memory.block_size * memory.kv_bytes_per_token
+    if blocks > memory.num_gpu_blocks:
+        raise ValueError(
+            f"num_gpu_blocks_override={blocks:,} needs {blocks * block_bytes / 2**30:,.1f} GiB of KV cache per GPU, "
+            f"but {memory.hardware} has {memory.kv_cache_bytes / 2**30:.1f} GiB left after weights and activations "
+            f"(at most {memory.num_gpu_blocks:,} blocks of {memory.block_size} tokens); lower it"
+        )
+    return dataclasses.replace(memory, num_gpu_blocks=blocks, kv_cache_bytes=blocks * block_bytes)
+
+
+def check_max_model_len_fits(max_model_len: int, memory: MemoryPlan) -> None:
+    """Refuse to start when one request of ``max_model_len`` tokens cannot fit the KV cache, as vLLM does
+    (``check_enough_kv_cache_memory``, ``vllm/v1/core/kv_cache_utils.py``; ``kv_cache_planning.py`` in 0.33.0)."""
+    need = -(-max_model_len // memory.block_size)
+    if need > memory.num_gpu_blocks:
+        fits = memory.num_gpu_blocks * memory.block_size
+        raise ValueError(
+            f"max_model_len={max_model_len}: one request that long needs {need:,} KV blocks of {memory.block_size} "
+            f"tokens, but the cache has {memory.num_gpu_blocks:,} ({fits:,} tokens); lower --max-model-len to at most "
+            f"{fits:,}, or give the cache more room (--gpu-memory-utilization, --tensor-parallel-size, "
+            "--kv-cache-dtype, --num-gpu-blocks-override)"
+        )
+
+
+def memory_summary(memory: MemoryPlan) -> dict[str, Any]:
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in dataclasses.asdict(memory).items()}
+
+
+def engine_for(config: RunConfig) -> str:
+    """The engine a run takes: the config's, but the reference engine for what the compiled engine does not model
+    (prefix caching, multi-turn sessions), with a one-line notice when the compiled engine was asked for by name."""
+    parts = ["prefix caching"] if config.enable_prefix_caching else []
+    parts += ["prefill/decode disaggregation"] if config.disaggregation is not None else []
+    parts += ["multi-turn sessions"] if config.workload.turns > 1 else []
+    if parts and config.engine != "reference":
+        if config.engine == "compiled":
+            notice = f"ferry: the compiled engine does not model {' and '.join(parts)}; running the reference engine"
+            print(notice, file=sys.stderr)
+        return "reference"
+    return config.engine
