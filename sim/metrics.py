@@ -75,17 +75,35 @@ def batch_frame(records: RunRecords, request_ids: npt.NDArray[np.object_] | None
     )
 
 
+def latencies(records: RunRecords) -> dict[str, FloatArray]:
+    """Each request's latencies (s), the columns of ``request_frame`` the summary reads: ``response_s`` and
+    ``first_received_s`` (when the client received its response and its first token), ``queueing_s``, ``ttft_s``,
+    ``tpot_s``, ``e2el_s`` (the client's) and ``server_ttft_s``, ``server_tpot_s``."""
+    r = records.requests
+    made = r.generated
+    received, response = client_times(records)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(made > 1, ((response - r.arrival) - (received - r.arrival)) / (made - 1), np.nan)
+        server_tpot = np.where(made > 1, (r.finish - r.first_token) / (made - 1), np.nan)
+    return {
+        "response_s": response,
+        "first_received_s": received,
+        "queueing_s": r.first_scheduled - r.arrival,
+        "ttft_s": received - r.arrival,
+        "tpot_s": tpot,
+        "e2el_s": response - r.arrival,
+        "server_ttft_s": r.first_token - r.arrival,
+        "server_tpot_s": server_tpot,
+    }
+
+
 def request_frame(records: RunRecords) -> pd.DataFrame:
     """One row per request (the content of ``requests.csv``); times in seconds. ``first_token_s`` and ``finish_s``
     are when the server made the first and last token, ``first_received_s`` and ``response_s`` when the client
     received them; ``ttft_s``, ``tpot_s`` and ``e2el_s`` are the client's, ``server_*`` the server's."""
     r = records.requests
     ids = records.request_ids if records.request_ids is not None else np.arange(r.n).astype(str)
-    made = r.generated
-    received, response = client_times(records)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(made > 1, ((response - r.arrival) - (received - r.arrival)) / (made - 1), np.nan)
-        server_tpot = np.where(made > 1, (r.finish - r.first_token) / (made - 1), np.nan)
+    lat = latencies(records)
     return pd.DataFrame(
         {
             "request_id": ids,
@@ -93,23 +111,23 @@ def request_frame(records: RunRecords) -> pd.DataFrame:
             "first_scheduled_s": r.first_scheduled,
             "first_token_s": r.first_token,
             "finish_s": r.finish,
-            "response_s": response,
+            "response_s": lat["response_s"],
             "prompt_tokens": r.prompt,
-            "output_tokens": made,
+            "output_tokens": r.generated,
             "output_tokens_wanted": r.output_wanted,
-            "queueing_s": r.first_scheduled - r.arrival,
-            "ttft_s": received - r.arrival,
-            "tpot_s": tpot,
-            "e2el_s": response - r.arrival,
+            "queueing_s": lat["queueing_s"],
+            "ttft_s": lat["ttft_s"],
+            "tpot_s": lat["tpot_s"],
+            "e2el_s": lat["e2el_s"],
             "preemptions": r.preemptions,
             "recomputed_tokens": r.recomputed,
             "cached_tokens": r.cached,
             "status": _STATUS_NAMES[r.status],
             "reason": _REASON_LABELS[r.reason],
-            "first_received_s": received,
+            "first_received_s": lat["first_received_s"],
             "released_s": r.released,
-            "server_ttft_s": r.first_token - r.arrival,
-            "server_tpot_s": server_tpot,
+            "server_ttft_s": lat["server_ttft_s"],
+            "server_tpot_s": lat["server_tpot_s"],
         }
     )
 
@@ -163,13 +181,19 @@ def idle_while_waiting(records: RunRecords) -> float:
     if not len(it) or not len(valid):
         return 0.0
     start, end, waiting = it.column("start"), it.column("end"), it.column("waiting")
-    gap_a = np.concatenate([[valid[0]], end[:-1]])
-    gap_b = start
-    queued = np.concatenate([[1.0], waiting[:-1]]) > 0
+    gap_a = np.concatenate([[valid[0]], end[:-1]])  # each gap is (gap_a, start)
+    queued = np.concatenate([[True], waiting[:-1] > 0])
+    # from when someone waited in each gap: its start if someone was queued, else the first arrival in it (one
+    # iteration's worth of arrays at a time: a long run has millions of iterations)
     idx = np.searchsorted(valid, gap_a, side="left")
-    first_arrival = np.where(idx < len(valid), valid[np.minimum(idx, len(valid) - 1)], np.inf)
-    from_t = np.where(queued, gap_a, np.maximum(gap_a, first_arrival))
-    return float(np.clip(gap_b - from_t, 0.0, None).sum())
+    from_t = valid[np.minimum(idx, len(valid) - 1)]
+    from_t[idx >= len(valid)] = np.inf
+    del idx
+    np.maximum(gap_a, from_t, out=from_t)
+    np.copyto(from_t, gap_a, where=queued)
+    del gap_a, queued
+    np.subtract(start, from_t, out=from_t)
+    return float(np.clip(from_t, 0.0, None, out=from_t).sum())
 
 
 def seat_use(records: RunRecords) -> dict[str, float | int | None]:
@@ -186,8 +210,8 @@ def seat_use(records: RunRecords) -> dict[str, float | int | None]:
     active = it.column("seats") - held
     return {
         "seats_offered": records.seats,
-        "seat_utilization": float((active * busy_each).sum()) / offered,
-        "held_seat_fraction": float((held * busy_each).sum()) / offered,
+        "seat_utilization": float(np.multiply(active, busy_each, out=active).sum()) / offered,
+        "held_seat_fraction": float(np.multiply(held, busy_each, out=held).sum()) / offered,
     }
 
 
@@ -244,9 +268,9 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     """The run's summary: vLLM ``bench serve`` keys, then what batching is about (idle, seats, batch size, KV)."""
     r = records.requests
     it = records.iterations
-    frame = request_frame(records)
+    lat = latencies(records)
     done = r.status == Status.FINISHED
-    _, response = client_times(records)
+    response = lat["response_s"]
     ends = np.concatenate([response[done], it.column("end")])
     t0 = 0.0  # the benchmark's start: the workload's time origin
     t1 = max(float(ends.max()), t0) if len(ends) else t0
@@ -256,9 +280,9 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     completed = int(done.sum())
     input_tokens = int(r.prompt[done].sum())
     output_tokens = int(r.generated[done].sum())
-    ttft = frame["ttft_s"].to_numpy()[done]
-    tpot = frame["tpot_s"].to_numpy()[done]
-    e2el = frame["e2el_s"].to_numpy()[done]
+    ttft = lat["ttft_s"][done]
+    tpot = lat["tpot_s"][done]
+    e2el = lat["e2el_s"][done]
     reasons = pd.Series(_REASON_LABELS[r.reason[r.status == Status.REJECTED]], dtype=object)
 
     out: dict[str, object] = {
@@ -274,7 +298,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     if goodput:
         good = done.copy()
         for name, ms in goodput.items():
-            vals = frame[f"{name}_s"].to_numpy() * 1e3
+            vals = lat[f"{name}_s"] * 1e3
             if name == "tpot":  # vLLM's all_tpots: a one-token response's TPOT is 0
                 vals = np.where(np.isnan(vals), 0.0, vals)
             good &= vals <= ms
@@ -285,13 +309,17 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     # the client sees token gaps only when the response is streamed; then they are the gaps between tokens made
     out.update(_named("itl", records.itl.stats((50, 90, 99)) if records.stream else None))
     out.update(_stats("e2el", e2el))
-    out.update(_stats("queueing", frame["queueing_s"].to_numpy()[done]))
-    out.update(_stats("server_ttft", frame["server_ttft_s"].to_numpy()[done]))
-    out.update(_stats("server_tpot", frame["server_tpot_s"].to_numpy()[done]))
+    out.update(_stats("queueing", lat["queueing_s"][done]))
+    out.update(_stats("server_ttft", lat["server_ttft_s"][done]))
+    out.update(_stats("server_tpot", lat["server_tpot_s"][done]))
+    del lat
     out.update(_named("server_itl", records.itl.stats((50, 90, 99))))
     # the vLLM paper's normalized latency: each request's end-to-end latency divided by its output tokens
     made = np.maximum(r.generated[done], 1)
     out["mean_normalized_latency_ms"] = float((e2el / made).mean() * 1e3) if completed else None
+    del ends, made
+    # what walks every iteration, one at a time (a long run has millions)
+    waiting_idle, seats, overloaded = idle_while_waiting(records), seat_use(records), overload(records)
 
     busy_each = it.column("end") - it.column("start")
     busy = float(busy_each.sum())
@@ -310,8 +338,8 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "gpu_busy_s": busy,
             "gpu_idle_s": idle,
             "gpu_idle_fraction": idle / duration if duration > 0 else 0.0,
-            "idle_while_waiting_s": idle_while_waiting(records),
-            **seat_use(records),
+            "idle_while_waiting_s": waiting_idle,
+            **seats,
             "mean_batch_size": float(seqs.mean()) if len(it) else None,
             "mean_tokens_per_iteration": float((it.column("prefill_tokens") + it.column("decode_seqs")).mean())
             if len(it)
@@ -323,7 +351,7 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "total_preemptions": int(r.preemptions.sum()),
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
-            "overload": overload(records),
+            "overload": overloaded,
             "itl_kept": records.itl.describe(),
             "stream": records.stream,
             "engine": records.engine,
