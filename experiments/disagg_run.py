@@ -14,7 +14,7 @@ import pandas as pd
 import policies
 from experiments.config import RunConfig
 from experiments.disagg_config import GPUS_PER_NODE, ROLES
-from experiments.replica import RunResult, build_replica, build_workload, engine_for
+from experiments.replica import RunResult, build_replica, build_workload
 from policies.routing import get_router
 from sim.cluster import ReplicaSetup
 from sim.cluster_metrics import summarize_cluster
@@ -164,7 +164,7 @@ def run_disaggregated(given: RunConfig, workload: Workload | None, timings: dict
     workload = workload if workload is not None else build_workload(decode.config)
     exact = {"auto": None, "exact": True, "histogram": False}[given.itl]
     started = time.perf_counter()
-    records = simulate_pools(given, members, workload, engine_for(given), exact)
+    records = simulate_pools(given, members, workload, given.engine, exact)
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
     records.request_ids = workload.request_id  # requests.csv is written from another merged() view

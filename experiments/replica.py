@@ -8,7 +8,6 @@ from here.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from sim.disagg import DisaggRecords
 from sim.engine import default_stream
 from sim.kvcache import KVCacheManager
 from sim.metrics import summarize
-from sim.prefix_cache import PrefixCachingKV, block_keys
+from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
 from sim.request import RequestTable
 from sim.workload import Workload, load_trace, synthetic
@@ -146,7 +145,7 @@ class Replica:
         watermark = self.config.kv_watermark or 0.0
         if not self.config.enable_prefix_caching:
             return KVCacheManager(blocks, size, n, watermark=watermark)
-        return PrefixCachingKV(blocks, size, n, block_keys(workload, size), watermark=watermark)
+        return PrefixCachingKV(blocks, size, workload, watermark=watermark)
 
     def result(
         self,
@@ -235,17 +234,3 @@ def check_max_model_len_fits(max_model_len: int, memory: MemoryPlan) -> None:
 
 def memory_summary(memory: MemoryPlan) -> dict[str, Any]:
     return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in dataclasses.asdict(memory).items()}
-
-
-def engine_for(config: RunConfig) -> str:
-    """The engine a run takes: the config's, but the reference engine for what the compiled engine does not model
-    (prefix caching, multi-turn sessions), with a one-line notice when the compiled engine was asked for by name."""
-    parts = ["prefix caching"] if config.enable_prefix_caching else []
-    parts += ["prefill/decode disaggregation"] if config.disaggregation is not None else []
-    parts += ["multi-turn sessions"] if config.workload.turns > 1 else []
-    if parts and config.engine != "reference":
-        if config.engine == "compiled":
-            notice = f"ferry: the compiled engine does not model {' and '.join(parts)}; running the reference engine"
-            print(notice, file=sys.stderr)
-        return "reference"
-    return config.engine

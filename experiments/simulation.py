@@ -25,7 +25,6 @@ from experiments.replica import (
     build_replica,
     build_workload,
     check_max_model_len_fits,
-    engine_for,
     memory_summary,
     override_blocks,
     resolve,
@@ -39,8 +38,8 @@ from sim.workload import Workload
 
 # what runs on one replica or a cluster is built by ``experiments.replica`` (its names stay importable from here)
 __all__ = ["DEFAULT_NUM_PROMPTS", "RUN_OUTPUTS", "Replica", "RunResult", "build_replica", "build_workload",
-           "check_max_model_len_fits", "engine_for", "memory_summary", "override_blocks", "resolve",
-           "run_simulation", "write_outputs"]  # fmt: skip
+           "check_max_model_len_fits", "memory_summary", "override_blocks", "resolve", "run_simulation",
+           "write_outputs"]  # fmt: skip
 
 
 def run_simulation(
@@ -67,7 +66,7 @@ def run_simulation(
     if config.record_batches:
         check_batch_rows(workload)
     exact = {"auto": None, "exact": True, "histogram": False}[config.itl]
-    engine = engine_for(config)
+    engine = config.engine
     total = len(requests)
     report = None if on_progress is None else (lambda now, left: on_progress(now, left, total))
     started = time.perf_counter()

@@ -12,8 +12,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from policies.config import SchedulerConfig
-from sim.kvcache import TransferredKV
-from sim.prefix_cache import PrefixCachingKV
 from sim.request import Status
 from sim.state import Batch, SchedulerState, Wait
 
@@ -90,7 +88,7 @@ def get(config: SchedulerConfig) -> Policy:
 class BatchBuilder:
     """Collects (request, tokens) pairs for one iteration and the token budget left."""
 
-    __slots__ = ("ids", "num_new", "budget", "scheduled", "preempted")
+    __slots__ = ("ids", "num_new", "budget", "scheduled", "preempted", "cached")
 
     def __init__(self, budget: int) -> None:
         self.ids: list[int] = []
@@ -98,6 +96,7 @@ class BatchBuilder:
         self.budget = budget  # tokens still allowed this iteration
         self.scheduled: set[int] = set()  # requests already in the batch (never chosen as preemption victims)
         self.preempted = False  # whether this step preempted anything
+        self.cached = 0  # entries whose blocks a prefix cache has cached already (``admit_waiting``)
 
     def add(self, req: int, tokens: int) -> None:
         self.ids.append(req)
@@ -232,37 +231,27 @@ def admit_waiting(
     only its first chunk's blocks are allocated now. Without ``full_prompt`` only the first chunk must fit (vLLM V1
     before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running."""
     reqs, kv = state.reqs, state.kv
-    cache = kv if isinstance(kv, PrefixCachingKV) else None
-    sent = kv if isinstance(kv, TransferredKV) else None
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
         req = state.waiting[0]
-        hits = unreferenced = 0
-        if cache is not None:  # its prefix found in the cache is not computed again (vLLM's get_computed_blocks)
-            if batch.ids:  # blocks this step fills are cached when scheduled, as vLLM's allocate_slots caches them
-                ids = np.asarray(batch.ids, dtype=np.int64)
-                cache.computed(ids, reqs.computed[ids] + np.asarray(batch.num_new, dtype=np.int64))
-            hits, unreferenced = cache.lookup(req, int(reqs.total_tokens(req)))
-        # with disaggregation, the KV a prefill replica computed and sent is not computed again either
-        cached = hits * kv.block_size if sent is None else sent.found(req)
+        total = int(reqs.total_tokens(req))
+        # what the cache already holds of it is not computed again: a prefix found cached (vLLM's
+        # get_computed_blocks; the blocks this step fills are cached first, as vLLM's allocate_slots caches them when
+        # it schedules them), or the KV a prefill replica computed and sent (disaggregation)
+        cached, hits, unreferenced = kv.found(req, total, batch.ids, batch.num_new, reqs.computed, batch.cached)
+        batch.cached = len(batch.ids)
         need = int(reqs.remaining(req)) - cached
         chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
         if chunk > batch.budget:
             break
         tokens = reserved_tokens(state, req, int(reqs.computed[req]) + cached + chunk, reservation)
-        check = max(tokens, int(reqs.total_tokens(req))) if full_prompt else tokens
+        check = max(tokens, total) if full_prompt else tokens
         # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
-        if cache is not None:
-            if not cache.can_admit(req, check, hits, unreferenced, admission=bool(state.running)):
-                break
-        elif not kv.can_allocate(req, check, admission=bool(state.running)):
+        if not kv.fits(req, check, hits, unreferenced, admission=bool(state.running)):
             break
         state.admit_next()
-        if cache is not None:
-            cache.take(req, hits, int(reqs.total_tokens(req)))
-            state.cached(req, cached)
-        elif sent is not None and cached:
-            sent.take(req)
+        kv.take(req, hits, total)
+        if cached:
             state.cached(req, cached)
         kv.allocate(req, tokens)
         batch.add(req, chunk)

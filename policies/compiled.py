@@ -4,9 +4,10 @@ Each kernel is the twin of a policy class in this package, decision for decision
 instead of ``SchedulerState``: same order of passes, same tie-breaks, same victims. The classes stay the reference
 (and the only path for user policies and the real executor); tests run both and compare the records to the last bit.
 
-A kernel is ``schedule(ri, rf, wk, sc, params, now) -> wake``: it builds the batch into ``sim.compiled.state``'s batch
-rows (``sc[B_LEN]`` entries), or leaves it empty and returns when to ask again (``inf``: at the next arrival).
-``params`` is a float64 array whose layout each policy's ``compiled()`` writes.
+A kernel is ``schedule(ri, rf, wk, sc, kv, ss, params, now) -> wake``: it builds the batch into
+``sim.compiled.state``'s batch rows (``sc[B_LEN]`` entries), or leaves it empty and returns when to ask again (``inf``:
+at the next arrival). ``params`` is a float64 array whose layout each policy's ``compiled()`` writes. The KV cache
+(``kv``) is asked through ``sim.compiled.kv``, the kernels the reference engine's ``KVCacheManager`` runs too.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from sim.compiled import kv as kvc
 from sim.compiled.batch import batch_add, batch_start, in_batch
+from sim.compiled.jit import kernel
+from sim.compiled.kvstate import BLOCK_SIZE, NUM_BLOCKS
 from sim.compiled.state import (
     ARRIVAL,
+    B_CACHED,
     B_HOLD,
-    BLOCK_SIZE,
+    B_LEN,
+    BATCH_IDS,
+    BATCH_NEW,
     COMPUTED,
     GENERATED,
-    HELD,
     MAX_MODEL_LEN,
-    NUM_BLOCKS,
     OUTPUT,
     PROMPT,
     R_LEN,
@@ -34,14 +38,11 @@ from sim.compiled.state import (
     RUNNING_Q,
     SCRATCH,
     STATUS,
-    USED,
+    TOKENS,
     W_LEN,
     admit_next,
-    blocks_for,
+    cached,
     is_prefilling,
-    kv_allocate,
-    kv_allocate_all,
-    kv_can_allocate,
     more_arrivals,
     preempt,
     release_running,
@@ -56,40 +57,42 @@ IntArray = npt.NDArray[np.int64]
 # ---- shared steps (policies.base) ------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
-def allocate_or_preempt(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -> tuple[bool, bool]:
+@kernel
+def allocate_or_preempt(ri: IntArray, wk: IntArray, sc: IntArray, kv, req: int, tokens: int) -> tuple[bool, bool]:  # noqa: ANN001
     """(granted, preempted anything): ``policies.base.allocate_or_preempt``."""
     preempted = False
-    while not kv_allocate(ri, sc, req, tokens, False):
+    while not kvc.allocate(kv, req, tokens, False):
         victim = -1
         for j in range(sc[R_LEN] - 1, -1, -1):
             r = wk[RUNNING_Q, j]
             if r != req and not in_batch(ri, sc, r):
                 victim = r
                 break
-        preempt(ri, wk, sc, req if victim < 0 else victim)
+        preempt(ri, wk, sc, kv, req if victim < 0 else victim)
         preempted = True
         if victim < 0:
             return False, preempted
     return True, preempted
 
 
-@njit(cache=True)
-def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, budget: int) -> tuple[int, bool]:
+@kernel
+def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, kv, budget: int) -> tuple[int, bool]:  # noqa: ANN001
     """``policies.base.schedule_decodes``; returns (budget left, preempted)."""
     n = 0
     cap = max(budget, 0)
     decoding = wk[SCRATCH]
+    tokens = wk[TOKENS]
     for j in range(sc[R_LEN]):
         r = wk[RUNNING_Q, j]
         if not is_prefilling(ri, r):
             if n == cap:
                 break
             decoding[n] = r
+            tokens[n] = ri[COMPUTED, r] + 1
             n += 1
     if n == 0:
         return budget, False
-    if kv_allocate_all(ri, sc, decoding, n):
+    if kvc.allocate_all(kv, decoding, tokens, n):
         for k in range(n):
             batch_add(ri, wk, sc, decoding[k], 1)
         return budget - n, False
@@ -98,7 +101,7 @@ def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, budget: int) -> t
         req = decoding[k]
         if ri[STATUS, req] != RUNNING:
             continue
-        granted, p = allocate_or_preempt(ri, wk, sc, req, ri[COMPUTED, req] + 1)
+        granted, p = allocate_or_preempt(ri, wk, sc, kv, req, ri[COMPUTED, req] + 1)
         preempted |= p
         if granted:
             batch_add(ri, wk, sc, req, 1)
@@ -106,49 +109,62 @@ def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, budget: int) -> t
     return budget, preempted
 
 
-@njit(cache=True)
-def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
+@kernel
+def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, kv, budget: int, cap: int) -> tuple[int, bool]:  # noqa: ANN001
     """``policies.base.schedule_running``, with the same all-or-nothing fast path; returns (budget left,
     preempted)."""
-    n = sc[R_LEN]
     # the common case first: everyone the budget reaches fits in the cache
+    ids = wk[SCRATCH]
+    tokens = wk[TOKENS]
     left = budget
-    extra = 0
     reached = 0
-    for k in range(n):
+    for k in range(sc[R_LEN]):
         if left <= 0:
             break
         req = wk[RUNNING_Q, k]
-        tokens = min(remaining(ri, req), cap, left)
-        extra += max(blocks_for(sc, ri[COMPUTED, req] + tokens) - ri[HELD, req], 0)
-        left -= tokens
+        chunk = min(remaining(ri, req), cap, left)
+        ids[reached] = req
+        tokens[reached] = ri[COMPUTED, req] + chunk
+        left -= chunk
         reached += 1
-    if extra <= sc[NUM_BLOCKS] - sc[USED]:
+    if kvc.allocate_all(kv, ids, tokens, reached):
         for k in range(reached):
-            req = wk[RUNNING_Q, k]
-            tokens = min(remaining(ri, req), cap, budget)
-            ri[HELD, req] = max(blocks_for(sc, ri[COMPUTED, req] + tokens), ri[HELD, req])
-            batch_add(ri, wk, sc, req, tokens)
-            budget -= tokens
-        sc[USED] += extra
+            req = ids[k]
+            chunk = tokens[k] - ri[COMPUTED, req]
+            batch_add(ri, wk, sc, req, chunk)
+            budget -= chunk
         return budget, False
-    return _one_by_one(ri, wk, sc, budget, cap, False)
+    return _one_by_one(ri, wk, sc, kv, budget, cap, False)
 
 
-@njit(cache=True)
-def schedule_partial_prefills(ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int) -> tuple[int, bool]:
+@kernel
+def schedule_partial_prefills(
+    ri: IntArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    budget: int,
+    cap: int,  # noqa: ANN001
+) -> tuple[int, bool]:
     """``policies.base.schedule_partial_prefills``; returns (budget left, preempted)."""
-    return _one_by_one(ri, wk, sc, budget, cap, True)
+    return _one_by_one(ri, wk, sc, kv, budget, cap, True)
 
 
-@njit(cache=True)
+@kernel
 def _one_by_one(
-    ri: IntArray, wk: IntArray, sc: IntArray, budget: int, cap: int, prefills_only: bool
+    ri: IntArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    budget: int,
+    cap: int,
+    prefills_only: bool,  # noqa: ANN001
 ) -> tuple[int, bool]:
     """``policies.base._one_by_one``; returns (budget left, preempted)."""
     n = sc[R_LEN]
     snapshot = wk[SCRATCH]
-    snapshot[:n] = wk[RUNNING_Q, :n]
+    for j in range(n):
+        snapshot[j] = wk[RUNNING_Q, j]
     preempted = False
     for k in range(n):
         req = snapshot[k]
@@ -159,7 +175,7 @@ def _one_by_one(
         if prefills_only and (in_batch(ri, sc, req) or not is_prefilling(ri, req)):
             continue
         tokens = min(remaining(ri, req), cap, budget)
-        granted, p = allocate_or_preempt(ri, wk, sc, req, ri[COMPUTED, req] + tokens)
+        granted, p = allocate_or_preempt(ri, wk, sc, kv, req, ri[COMPUTED, req] + tokens)
         preempted |= p
         if not granted:
             break
@@ -172,22 +188,23 @@ def _one_by_one(
 PAGED, OUTPUT_RESERVED, MAX_MODEL_LEN_RESERVED = 0, 1, 2
 
 
-@njit(cache=True)
-def reserved_tokens(ri: IntArray, sc: IntArray, req: int, tokens: int, reservation: int) -> int:
+@kernel
+def reserved_tokens(ri: IntArray, sc: IntArray, kv, req: int, tokens: int, reservation: int) -> int:  # noqa: ANN001
     """``policies.base.reserved_tokens``."""
     if reservation == PAGED:
         return tokens
     whole = ri[PROMPT, req] + ri[OUTPUT, req]
     if reservation == MAX_MODEL_LEN_RESERVED:
-        whole = max(whole, min(sc[MAX_MODEL_LEN], sc[NUM_BLOCKS] * sc[BLOCK_SIZE]))
+        whole = max(whole, min(sc[MAX_MODEL_LEN], kv[1][NUM_BLOCKS] * kv[1][BLOCK_SIZE]))
     return max(tokens, whole)
 
 
-@njit(cache=True)
+@kernel
 def admit_waiting(
     ri: IntArray,
     wk: IntArray,
     sc: IntArray,
+    kv,  # noqa: ANN001
     budget: int,
     max_seqs: int,
     cap: int,
@@ -198,16 +215,24 @@ def admit_waiting(
     admitted = 0
     while sc[W_LEN] > 0 and sc[R_LEN] < max_seqs and budget > 0:
         req = waiting_at(wk, sc, 0)
-        need = remaining(ri, req)
+        total = ri[PROMPT, req] + ri[GENERATED, req]
+        present, hits, unreferenced = kvc.found(
+            kv, req, total, wk[BATCH_IDS], wk[BATCH_NEW], ri[COMPUTED], sc[B_CACHED], sc[B_LEN]
+        )
+        sc[B_CACHED] = sc[B_LEN]
+        need = remaining(ri, req) - present
         chunk = need if cap < 0 else min(need, budget, cap)
         if chunk > budget:
             break
-        tokens = reserved_tokens(ri, sc, req, ri[COMPUTED, req] + chunk, reservation)
-        check = max(tokens, ri[PROMPT, req] + ri[GENERATED, req]) if full_prompt else tokens
-        if not kv_can_allocate(ri, sc, req, check, sc[R_LEN] > 0):
+        tokens = reserved_tokens(ri, sc, kv, req, ri[COMPUTED, req] + present + chunk, reservation)
+        check = max(tokens, total) if full_prompt else tokens
+        if not kvc.fits(kv, req, check, hits, unreferenced, sc[R_LEN] > 0):
             break
         admit_next(ri, wk, sc)
-        kv_allocate(ri, sc, req, tokens, False)
+        kvc.take(kv, req, hits, total)
+        if present:
+            cached(ri, req, present)
+        kvc.allocate(kv, req, tokens, False)
         batch_add(ri, wk, sc, req, chunk)
         budget -= chunk
         admitted += 1
@@ -217,8 +242,17 @@ def admit_waiting(
 # ---- the policies ----------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
-def schedule_none(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
+@kernel
+def schedule_none(
+    ri: IntArray,
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    ss,
+    params: FloatArray,
+    now: float,  # noqa: ANN001
+) -> float:
     """``policies.none.NoBatching``; no params."""
     batch_start(sc)
     if sc[R_LEN] == 0:
@@ -227,15 +261,24 @@ def schedule_none(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, para
         admit_next(ri, wk, sc)
     req = wk[RUNNING_Q, 0]
     tokens = remaining(ri, req)
-    kv_allocate(ri, sc, req, ri[COMPUTED, req] + tokens, False)  # alone in the cache it always fits
+    kvc.allocate(kv, req, ri[COMPUTED, req] + tokens, False)  # alone in the cache it always fits
     batch_add(ri, wk, sc, req, tokens)
     return math.inf
 
 
 # params of schedule_static: [max_batch_size, reservation, dynamic (1/0), max_delay_s, preferred batch sizes, largest
 # first ...]
-@njit(cache=True)
-def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
+@kernel
+def schedule_static(
+    ri: IntArray,
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    ss,
+    params: FloatArray,
+    now: float,  # noqa: ANN001
+) -> float:
     """``policies.static.StaticBatching`` and ``policies.dynamic.DynamicBatching``."""
     batch_start(sc)
     max_batch = int(params[0])
@@ -246,16 +289,16 @@ def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, pa
                 active = True
                 break
         if not active:
-            release_running(ri, rf, wk, sc, now)
+            release_running(ri, rf, wk, sc, kv, ss, now)
     if sc[R_LEN] == 0:
-        size = _departure_size(rf, wk, sc, params, max_batch, now)
+        size = _departure_size(rf, wk, sc, ss, params, max_batch, now)
         if size < 0:
             if params[2] > 0 and sc[W_LEN] > 0:
                 return rf[ARRIVAL, waiting_at(wk, sc, 0)] + params[3]
             return math.inf
         for _ in range(size):  # board: reserve each member's KV up front
             req = waiting_at(wk, sc, 0)
-            if not kv_allocate(ri, sc, req, reserved_tokens(ri, sc, req, ri[PROMPT, req], int(params[1])), False):
+            if not kvc.allocate(kv, req, reserved_tokens(ri, sc, kv, req, ri[PROMPT, req], int(params[1])), False):
                 break
             admit_next(ri, wk, sc)
     for j in range(sc[R_LEN]):
@@ -266,14 +309,22 @@ def schedule_static(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, pa
     return math.inf
 
 
-@njit(cache=True)
-def _departure_size(rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, max_batch: int, now: float) -> int:
+@kernel
+def _departure_size(
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    ss,
+    params: FloatArray,
+    max_batch: int,
+    now: float,  # noqa: ANN001
+) -> int:
     """``StaticBatching.departure_size`` and ``DynamicBatching.departure_size``; -1 for None."""
     queued = sc[W_LEN]
     if params[2] == 0:  # static
         if queued >= max_batch:
             return max_batch
-        if queued > 0 and not more_arrivals(sc):  # the trace has ended: flush
+        if queued > 0 and not more_arrivals(sc, ss):  # the trace has ended: flush
             return queued
         return -1
     if queued == 0:  # dynamic (Triton)
@@ -291,40 +342,56 @@ def _departure_size(rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArr
 
 
 # params of schedule_continuous: [max_num_seqs, max_num_batched_tokens, mix_prefill_decode (1/0), reservation]
-@njit(cache=True)
+@kernel
 def schedule_continuous(
-    ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float
+    ri: IntArray,
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    ss,
+    params: FloatArray,
+    now: float,  # noqa: ANN001
 ) -> float:
     """``policies.continuous.ContinuousBatching``."""
     batch_start(sc)
     max_seqs, budget, reservation = int(params[0]), int(params[1]), int(params[3])
     if params[2] > 0:
-        budget, preempted = schedule_decodes(ri, wk, sc, budget)
+        budget, preempted = schedule_decodes(ri, wk, sc, kv, budget)
         if not preempted:
-            admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation, True)
+            admit_waiting(ri, wk, sc, kv, budget, max_seqs, -1, reservation, True)
     else:
-        budget, admitted = admit_waiting(ri, wk, sc, budget, max_seqs, -1, reservation, True)
+        budget, admitted = admit_waiting(ri, wk, sc, kv, budget, max_seqs, -1, reservation, True)
         if admitted == 0:
-            schedule_decodes(ri, wk, sc, budget)
+            schedule_decodes(ri, wk, sc, kv, budget)
     return math.inf
 
 
 # params of schedule_chunked: [max_num_seqs, max_num_batched_tokens, chunk cap, reservation, full prompt (1/0),
 # order (index of policies.config.CHUNKED_ORDERS: 0 vllm, 1 decodes-first)]
-@njit(cache=True)
-def schedule_chunked(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, params: FloatArray, now: float) -> float:
+@kernel
+def schedule_chunked(
+    ri: IntArray,
+    rf: FloatArray,
+    wk: IntArray,
+    sc: IntArray,
+    kv,
+    ss,
+    params: FloatArray,
+    now: float,  # noqa: ANN001
+) -> float:
     """``policies.chunked.ChunkedPrefill``."""
     batch_start(sc)
     max_seqs, budget = int(params[0]), int(params[1])
     cap = prefill_cap(int(params[2]), params[6] > 0, params[7] > 0, budget, sc[R_LEN] + sc[W_LEN])
     if params[5] == 0:
-        budget, preempted = schedule_running(ri, wk, sc, budget, cap)
+        budget, preempted = schedule_running(ri, wk, sc, kv, budget, cap)
     else:
-        budget, preempted = schedule_decodes(ri, wk, sc, budget)
-        budget, p = schedule_partial_prefills(ri, wk, sc, budget, cap)
+        budget, preempted = schedule_decodes(ri, wk, sc, kv, budget)
+        budget, p = schedule_partial_prefills(ri, wk, sc, kv, budget, cap)
         preempted |= p
     if not preempted:
-        admit_waiting(ri, wk, sc, budget, max_seqs, cap, int(params[3]), params[4] > 0)
+        admit_waiting(ri, wk, sc, kv, budget, max_seqs, cap, int(params[3]), params[4] > 0)
     return math.inf
 
 
@@ -340,7 +407,7 @@ def lone_aware_prefill_cap(threshold: int, adaptive: bool, cap_alone: bool, budg
     return threshold
 
 
-prefill_cap = njit(cache=True)(lone_aware_prefill_cap)
+prefill_cap = kernel(lone_aware_prefill_cap)
 
 
 def params_array(*values: float) -> FloatArray:

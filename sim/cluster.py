@@ -28,7 +28,7 @@ from sim.compiled.state import pack, unpack
 from sim.engine import IterationTimer, Scheduler, decide, default_stream
 from sim.kvcache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
-from sim.records import EXACT_GAPS_LIMIT, IterationLog, ItlLog, RunRecords
+from sim.records import COUNT, EXACT_GAPS_LIMIT, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
 from sim.state import Batch, SchedulerState, max_gaps
 
@@ -127,6 +127,11 @@ class ReferenceReplica:
         if self.wake is not None:
             self.wake = min(self.wake, float(self.state.reqs.arrival[req]))
 
+    def route_many(self, reqs: IntArray) -> None:
+        """``route`` each of ``reqs`` (in arrival order), before the replica has run."""
+        for req in reqs.tolist():
+            self.route(req)
+
     def close(self) -> None:
         self.state.more = False
 
@@ -160,6 +165,9 @@ class CompiledReplicaRunner:
 
     def route(self, req: int) -> None:
         self.replica.route(req)
+
+    def route_many(self, reqs: IntArray) -> None:
+        self.replica.route_many(reqs)
 
     def close(self) -> None:
         self.replica.close()
@@ -244,7 +252,7 @@ def merge_itl(logs: list[ItlLog]) -> ItlLog:
     exact = all(log.exact for log in logs)
     out = ItlLog(0, exact)
     for log in logs:
-        out.sums += log.sums
+        out.sums[: COUNT + 1] += log.sums[: COUNT + 1]  # the running sums (the rest is a cache)
         if not log.exact:
             out.hist = out.hist + log.hist if len(out.hist) else log.hist.copy()
     if exact:
@@ -277,10 +285,10 @@ def simulate_cluster(
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if not setups:
         raise ValueError("a cluster needs at least one replica")
+    if requests.after is not None:
+        raise ValueError("multi-turn sessions run on one replica (a cluster routes each request as it arrives)")
     compiled_ok = all(
-        getattr(s.policy, "compiled", None) is not None
-        and getattr(s.timer, "compiled", None) is not None
-        and type(s.kv) is KVCacheManager  # the compiled engine models neither prefix caching nor sent KV
+        getattr(s.policy, "compiled", None) is not None and getattr(s.timer, "compiled", None) is not None
         for s in setups
     )
     if engine == "compiled" and not compiled_ok:
@@ -290,7 +298,7 @@ def simulate_cluster(
     n = len(requests)
     replicas: list[Any]
     if use_compiled:
-        ri, rf = pack(requests, np.zeros(n, dtype=np.int64))
+        ri, rf = pack(requests)
         capacity = max(64, 2 * n // len(setups))
         replicas = [CompiledReplicaRunner(ri, rf, s, exact, record_batches, capacity) for s in setups]
     else:
@@ -306,6 +314,24 @@ def simulate_cluster(
     next_at = np.array([rep.next_event() for rep in replicas])
     loads = np.zeros((3, len(replicas)), dtype=np.int64)
     stale = np.ones(len(replicas), dtype=bool)
+
+    def route_all() -> None:
+        """A router that reads no load routes every request before any replica runs: what it sees does not change
+        (a replica receives its requests when they arrive, whenever they were routed)."""
+        load = ReplicaLoad(zeros, zeros, zeros, blocks)
+        arrival, prompt, output = requests.arrival, requests.prompt.tolist(), requests.output_wanted.tolist()
+        for i in range(n):
+            k = router.route(load, prompt[i], output[i])
+            if not (isinstance(k, (int, np.integer)) and 0 <= k < len(replicas)):
+                raise ValueError(f"the router chose replica {k!r} for request {i}; expected 0..{len(replicas) - 1}")
+            replica_of[i] = k
+            if on_progress is not None and i % SEGMENT_ITERATIONS == 0:
+                on_progress(float(arrival[i]), i)
+        for j, rep in enumerate(replicas):
+            rep.route_many(np.flatnonzero(replica_of == j))
+            rep.close()
+            while rep.advance(math.inf) != DONE:
+                pass
 
     def cluster() -> Generator[simpy.Event, Any, None]:
         arrival, prompt, output = requests.arrival, requests.prompt, requests.output_wanted
@@ -343,10 +369,13 @@ def simulate_cluster(
             while rep.advance(math.inf) != DONE:
                 pass
 
-    env.process(cluster())
-    env.run()
+    if reads:
+        env.process(cluster())
+        env.run()
+    else:
+        route_all()
     if use_compiled:
-        unpack(ri, rf, requests, np.zeros(n, dtype=np.int64))
+        unpack(ri, rf, requests)
     records = [rep.run_records(requests) for rep in replicas]
     return ClusterRecords(
         requests=requests,

@@ -19,7 +19,7 @@ import simpy
 
 from costmodel.shape import IterationShape
 from sim.compiled.engine import simulate_compiled
-from sim.kvcache import KVCacheManager, TransferredKV
+from sim.kvcache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
@@ -100,15 +100,6 @@ def replica(
 ENGINES = ("auto", "compiled", "reference")
 
 
-def unsupported_by_compiled(kv: KVCacheManager, requests: RequestTable) -> str:
-    """What of a run only the reference engine models ("" if nothing): prefix caching, KV sent by a prefill replica
-    (disaggregation), multi-turn sessions."""
-    parts = ["prefix caching"] if isinstance(kv, PrefixCachingKV) else []
-    parts += ["KV sent by a prefill replica"] if isinstance(kv, TransferredKV) else []
-    parts += ["multi-turn sessions"] if requests.after is not None else []
-    return " and ".join(parts)
-
-
 def default_stream(policy: object) -> bool:
     """Whether a policy's responses are streamed by default: yes, unless it returns every member's response when its
     batch ends (``returns_at_batch_end``: static and dynamic batching, as Triton's dynamic batcher returns whole
@@ -154,10 +145,7 @@ def simulate(
     timing = getattr(timer, "compiled", None)
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
-    reference_only = unsupported_by_compiled(kv, requests)
-    if engine == "compiled" and reference_only:
-        raise ValueError(f"the compiled engine does not model {reference_only}: run the reference engine")
-    if engine != "reference" and kernel is not None and timing is not None and not reference_only:
+    if engine != "reference" and kernel is not None and timing is not None:
         records = simulate_compiled(
             requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress, record_batches
         )

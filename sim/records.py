@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from numba import njit
 
+from sim.compiled.jit import kernel
 from sim.request import RequestTable
 
 FloatArray = npt.NDArray[np.float64]
@@ -40,12 +41,15 @@ ITERATION_COLUMNS = TIME_COLUMNS + COUNT_COLUMNS
 
 
 class IterationLog:
-    """Rows of ``ITERATION_COLUMNS``: a growable float64 block of times and an int32 block of counts (no per-row
-    Python objects; 48 bytes an iteration)."""
+    """Rows of ``ITERATION_COLUMNS``, in chunks of a float64 block of times and an int32 block of counts (no per-row
+    Python objects; 48 bytes an iteration). A full log grows by a new chunk, never by copying what it holds: a long
+    run's log is its largest record."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        self.times = np.zeros((capacity, len(TIME_COLUMNS)))
+        self.times = np.zeros((capacity, len(TIME_COLUMNS)))  # the chunk being written
         self.counts = np.zeros((capacity, len(COUNT_COLUMNS)), dtype=np.int32)
+        self.full: list[tuple[FloatArray, npt.NDArray[np.int32]]] = []  # the chunks before it
+        self.base = 0  # rows in those
         self.n = 0
 
     @classmethod
@@ -57,30 +61,46 @@ class IterationLog:
     @classmethod
     def concat(cls, logs: list[IterationLog]) -> IterationLog:
         """The rows of ``logs`` one log after the other (a cluster's replicas)."""
-        times = np.concatenate([log.times[: log.n] for log in logs])
-        counts = np.concatenate([log.counts[: log.n] for log in logs])
+        times = np.concatenate([log.blocks()[0] for log in logs])
+        counts = np.concatenate([log.blocks()[1] for log in logs])
         return cls.from_arrays(times, counts, len(times))
 
     def append(self, start: float, end: float, counts: tuple[int, ...]) -> None:
-        if self.n == len(self.times):
+        if self.n - self.base == len(self.times):
             self.grow()
-        self.times[self.n] = (start, end)
-        self.counts[self.n] = counts
+        self.times[self.n - self.base] = (start, end)
+        self.counts[self.n - self.base] = counts
         self.n += 1
 
     def grow(self) -> None:
-        """Double the capacity."""
-        extra = max(len(self.times), 1024)
-        self.times = np.concatenate([self.times, np.zeros((extra, self.times.shape[1]))])
-        self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), dtype=np.int32)])
+        """Start a new chunk as large as those before it together (at least 1024 rows): the capacity doubles."""
+        size = max(self.base + len(self.times), 1024)
+        self.full.append((self.times, self.counts))
+        self.base += len(self.times)
+        self.times = np.zeros((size, len(TIME_COLUMNS)))
+        self.counts = np.zeros((size, len(COUNT_COLUMNS)), dtype=np.int32)
 
     def __len__(self) -> int:
         return self.n
 
+    def blocks(self) -> tuple[FloatArray, npt.NDArray[np.int32]]:
+        """Every row's times and counts (the chunk itself when there is one)."""
+        rows = self.n - self.base
+        if not self.full:
+            return self.times[:rows], self.counts[:rows]
+        times = [t for t, _ in self.full] + [self.times[:rows]]
+        counts = [c for _, c in self.full] + [self.counts[:rows]]
+        return np.concatenate(times), np.concatenate(counts)
+
     def column(self, name: str) -> npt.NDArray[np.float64] | npt.NDArray[np.int32]:
+        blocks: list[Any]
         if name in TIME_COLUMNS:
-            return self.times[: self.n, TIME_COLUMNS.index(name)]
-        return self.counts[: self.n, COUNT_COLUMNS.index(name)]
+            blocks, k = [t for t, _ in self.full] + [self.times], TIME_COLUMNS.index(name)
+        else:
+            blocks, k = [c for _, c in self.full] + [self.counts], COUNT_COLUMNS.index(name)
+        last = blocks[-1][: self.n - self.base, k]
+        out: Any = np.concatenate([b[:, k] for b in blocks[:-1]] + [last]) if len(blocks) > 1 else last
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         columns: dict[str, np.ndarray] = {name: self.column(name) for name in TIME_COLUMNS}
@@ -138,11 +158,12 @@ HIST_BUCKETS = int(math.ceil(math.log(1e5 / HIST_MIN_S) / math.log(HIST_RATIO)))
 HIST_REL_ERROR = math.sqrt(HIST_RATIO) - 1  # 0.5%
 EXACT_GAPS_LIMIT = 20_000_000  # runs with more gaps than this keep the histogram (160 MB of exact gaps)
 
-# the running sums of ``ItlLog.sums``
-SUM, SUM_SQ, COUNT = 0, 1, 2
+# the running sums of ``ItlLog.sums``; then the last gap put in the histogram and its bucket (a cache: the decodes of
+# one iteration mostly share one gap, the iteration before's duration, and a bucket takes a logarithm to find)
+SUM, SUM_SQ, COUNT, LAST_GAP, LAST_BUCKET = range(5)
 
 
-@njit(cache=True)
+@kernel
 def gap_bucket(gap: float) -> int:
     """Histogram bucket of a gap (s)."""
     if gap <= HIST_MIN_S:
@@ -151,7 +172,7 @@ def gap_bucket(gap: float) -> int:
     return min(b, HIST_BUCKETS - 1)
 
 
-@njit(cache=True)
+@kernel
 def add_gap(gap: float, sums: FloatArray, hist: npt.NDArray[np.int64], exact: FloatArray) -> None:
     """Record one gap: running sums always, then the exact array if it has room for all gaps, else the histogram."""
     k = int(sums[COUNT])
@@ -161,10 +182,13 @@ def add_gap(gap: float, sums: FloatArray, hist: npt.NDArray[np.int64], exact: Fl
     if hist.shape[0] == 0:
         exact[k] = gap
     else:
-        hist[gap_bucket(gap)] += 1
+        if gap != sums[LAST_GAP]:
+            sums[LAST_GAP] = gap
+            sums[LAST_BUCKET] = gap_bucket(gap)
+        hist[int(sums[LAST_BUCKET])] += 1
 
 
-@njit(cache=True)
+@kernel
 def add_gaps(gaps: FloatArray, sums: FloatArray, hist: npt.NDArray[np.int64], exact: FloatArray) -> None:
     for g in gaps:
         add_gap(g, sums, hist, exact)
@@ -178,7 +202,7 @@ class ItlLog:
 
     def __init__(self, capacity: int, exact: bool | None = None) -> None:
         self.exact = capacity <= EXACT_GAPS_LIMIT if exact is None else exact
-        self.sums = np.zeros(3)  # SUM, SUM_SQ, COUNT
+        self.sums = np.array([0.0, 0.0, 0.0, np.nan, 0.0])  # SUM, SUM_SQ, COUNT, LAST_GAP, LAST_BUCKET
         self.gaps = np.zeros(capacity if self.exact else 0)
         self.hist = np.zeros(0 if self.exact else HIST_BUCKETS, dtype=np.int64)
         self.reserved = capacity  # gaps there must be room for (``reserve``)

@@ -15,6 +15,16 @@ import numpy as np
 import numpy.typing as npt
 
 from costmodel.shape import IterationShape
+from sim.compiled.sessions import (
+    LEN,
+    Sessions,
+    first_turns,
+    next_arrived,
+    next_turn_at,
+    reject_turns,
+    release_turns,
+    sessions_of,
+)
 from sim.kvcache import KVCacheManager
 from sim.records import BatchLog, ItlLog, RunRecords
 from sim.request import Reason, RequestTable, Status
@@ -97,33 +107,34 @@ class SchedulerState:
         self._preempted_since_batch = 0
         self.unfinished = self.routed  # requests (routed here) not yet finished or rejected
         self.num_held = 0  # seated requests that are done and wait for their batch to end
-        self.next_turns: dict[int, list[int]] = {}  # sessions: request -> the turns sent after its response
+        self.sessions: Sessions | None = None  # multi-turn sessions (``sim.compiled.sessions``)
         if requests.after is not None:
             self._sessions(requests.after, routed)
 
     def _sessions(self, after: npt.NDArray[np.int64], routed: bool) -> None:
-        """Only first turns are in the inbox at the start; each later turn joins it when the turn before ends."""
+        """Only first turns are in the inbox at the start; each later turn is sent when the turn before ends."""
         if routed:
             raise ValueError("multi-turn sessions run on one replica (a cluster routes each request as it arrives)")
-        first = np.flatnonzero(after < 0)
+        assert self.reqs.think is not None
         self.reqs.arrival = self.reqs.arrival.copy()  # later turns' arrivals are written as they are sent
-        self.inbox = first.astype(np.int64)
-        self.inbox_arrival = self.reqs.arrival[first].copy()
-        self.routed = len(first)
-        for req, before in enumerate(after.tolist()):
-            if before >= 0:
-                self.next_turns.setdefault(before, []).append(req)
+        self.inbox = first_turns(after)
+        self.inbox_arrival = self.reqs.arrival[self.inbox]
+        self.routed = len(self.inbox)
+        self.sessions = sessions_of(after, self.reqs.think)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     @property
     def next_arrival(self) -> float:
-        """Arrival time of the next request in the inbox not yet arrived (s); inf when there is none (for now)."""
-        return float(self.inbox_arrival[self._arrived]) if self._arrived < self.routed else float("inf")
+        """Arrival time of the next request in the inbox (or turn sent) not yet arrived (s); inf when there is none
+        (for now)."""
+        first = float(self.inbox_arrival[self._arrived]) if self._arrived < self.routed else float("inf")
+        return first if self.sessions is None else min(first, float(next_turn_at(self.sessions)))
 
     @property
     def more_arrivals(self) -> bool:
-        """Whether any request is still to arrive here: in the inbox, or from a router still routing."""
-        return self._arrived < self.routed or self.more
+        """Whether any request is still to arrive here: in the inbox, sent, or from a router still routing."""
+        pending = self.sessions is not None and self.sessions[5][LEN] > 0
+        return self._arrived < self.routed or pending or self.more
 
     def route(self, req: int) -> None:
         """A router hands this replica request ``req`` (arriving no earlier than those before it)."""
@@ -142,27 +153,16 @@ class SchedulerState:
 
     def _turn_ended(self, req: int, when: float) -> None:
         """Sessions: the response of ``req`` ended at ``when`` (s); each turn after it is sent a think time later
-        (joining the inbox in arrival order)."""
-        reqs = self.reqs
-        assert reqs.think is not None
-        for turn in self.next_turns.pop(req, ()):
-            t = when + float(reqs.think[turn])
-            reqs.arrival[turn] = t
-            self._grow_inbox()
-            pos = self._arrived + int(np.searchsorted(self.inbox_arrival[self._arrived : self.routed], t, side="right"))
-            self.inbox[pos + 1 : self.routed + 1] = self.inbox[pos : self.routed]
-            self.inbox_arrival[pos + 1 : self.routed + 1] = self.inbox_arrival[pos : self.routed]
-            self.inbox[pos], self.inbox_arrival[pos] = turn, t
-            self.routed += 1
+        (``sim.compiled.sessions``, which the compiled engine runs too)."""
+        assert self.sessions is not None
+        release_turns(self.sessions, self.reqs.arrival, req, when)
 
     def _turn_rejected(self, req: int) -> None:
         """Sessions: ``req`` was rejected, so its client sends none of the turns after it: each ends now, rejected."""
-        for turn in self.next_turns.pop(req, ()):
-            self.reqs.arrival[turn] = self.now
-            self.reqs.status[turn] = Status.REJECTED
-            self.reqs.reason[turn] = Reason.EARLIER_TURN_REJECTED
-            self.unfinished -= 1
-            self._turn_rejected(turn)
+        assert self.sessions is not None
+        stack = np.zeros(len(self.sessions[1]) + 1, dtype=np.int64)
+        r = self.reqs
+        self.unfinished -= int(reject_turns(self.sessions, r.status, r.reason, r.arrival, req, self.now, stack))
 
     def work_left(self) -> int:
         """Tokens still to compute for the unfinished requests here: prompt left to prefill plus output left to
@@ -176,11 +176,18 @@ class SchedulerState:
     def receive_arrivals(self, now: float) -> None:
         """Queue every request that has arrived by ``now``, rejecting those that can never run."""
         reqs = self.reqs
-        end = self._arrived + int(np.searchsorted(self.inbox_arrival[self._arrived : self.routed], now, side="right"))
-        if end <= self._arrived:
-            return
-        ids = self.inbox[self._arrived : end]
-        self._arrived = end
+        if self.sessions is not None:
+            ids = self._arrived_turns(now)
+            if not len(ids):
+                return
+        else:
+            end = self._arrived + int(
+                np.searchsorted(self.inbox_arrival[self._arrived : self.routed], now, side="right")
+            )
+            if end <= self._arrived:
+                return
+            ids = self.inbox[self._arrived : end]
+            self._arrived = end
         total = reqs.prompt[ids] + reqs.output_wanted[ids]
         reason = np.zeros(len(ids), dtype=np.int8)
         reason[total > self.max_model_len] = Reason.EXCEEDS_MAX_MODEL_LEN
@@ -192,6 +199,18 @@ class SchedulerState:
         reqs.status[ids[ok]] = Status.WAITING
         self.waiting.extend(ids[ok].tolist())
 
+    def _arrived_turns(self, now: float) -> npt.NDArray[np.int64]:
+        """Sessions: the first turns and sent turns arrived by ``now``, in the order they arrive (a first turn before
+        a sent one arriving at the same time)."""
+        assert self.sessions is not None
+        ids: list[int] = []
+        while True:
+            req, self._arrived = next_arrived(self.sessions, self.inbox, self._arrived, self.routed, self.reqs.arrival,
+                                              now)  # fmt: skip
+            if req < 0:
+                return np.array(ids, dtype=np.int64)
+            ids.append(req)
+
     def reject(self, req: int, reason: Reason) -> None:
         """End ``req`` for good without running it (or stop it, freeing what it holds)."""
         if self.reqs.status[req] in (Status.RUNNING, Status.HELD):
@@ -202,7 +221,7 @@ class SchedulerState:
         self.reqs.status[req] = Status.REJECTED
         self.reqs.reason[req] = reason
         self.unfinished -= 1
-        if self.next_turns:
+        if self.sessions is not None:
             self._turn_rejected(req)
 
     # ---- what policies do -----------------------------------------------------------------------------------------
@@ -243,7 +262,7 @@ class SchedulerState:
             self.kv.free_request(req)
             self.reqs.status[req] = Status.FINISHED
             self.reqs.released[req] = self.now
-            if self.next_turns:
+            if self.sessions is not None:
                 self._turn_ended(req, self.now)
         self.num_held -= len(reqs)
         self.running = [r for r in self.running if r not in gone]
@@ -303,7 +322,7 @@ class SchedulerState:
                 reqs.released[done] = end
                 for req in done.tolist():
                     self.kv.free_request(req)
-                    if self.next_turns:
+                    if self.sessions is not None:
                         self._turn_ended(req, end)
                 gone = set(done.tolist())
                 self.running = [r for r in self.running if r not in gone]

@@ -20,6 +20,7 @@ from policies.routing import get_router
 from sim.cluster import ReplicaSetup
 from sim.disagg import KVLink, Pool, simulate_disaggregated
 from sim.kvcache import KVCacheManager
+from sim.metrics import request_frame
 from sim.request import Status
 from tests.helpers import LinearTimer, make_requests
 
@@ -176,12 +177,19 @@ def test_a_traces_request_ids_reach_requests_csv(tmp_path: Path) -> None:
     assert list(requests["request_id"]) == ["a", "b", "c"]
 
 
-def test_the_single_replica_engine_refuses_sent_kv_on_the_compiled_engine() -> None:
+def test_a_decode_replica_takes_sent_kv_alike_on_both_engines() -> None:
     from sim.engine import simulate
     from sim.kvcache import TransferredKV
 
-    reqs = make_requests([0.0], [10], [2])
-    policy = policies.get(SchedulerConfig(policy="continuous", max_model_len=64))
-    kv = TransferredKV(10, 16, np.array([9]))
-    with pytest.raises(ValueError, match="KV sent by a prefill replica"):
-        simulate(reqs, policy, LinearTimer(), kv, 64, "compiled")
+    records = {}
+    for engine in ("compiled", "reference"):
+        reqs = make_requests([0.0, 0.0, 0.0], [10, 40, 25], [2, 5, 3])
+        policy = policies.get(SchedulerConfig(policy="continuous", max_model_len=64))
+        kv = TransferredKV(20, 4, np.array([9, 39, 24]))
+        records[engine] = simulate(reqs, policy, LinearTimer(), kv, 64, engine)
+        assert records[engine].engine == engine
+        assert (kv.present == 0).all() and kv.used == 0
+    # each computes its last prompt token only (one iteration admits all three), then decodes
+    assert list(records["compiled"].iterations.column("prefill_tokens"))[0] == 3
+    assert request_frame(records["compiled"]).equals(request_frame(records["reference"]))
+    assert records["compiled"].iterations.to_frame().equals(records["reference"].iterations.to_frame())

@@ -1,4 +1,5 @@
-"""Invariants every policy keeps on random traces and limits (hypothesis)."""
+"""Invariants every policy keeps on random traces and limits, and the two engines' records to the last bit on them,
+with every KV feature (prefix caching, conversations, the decode side of disaggregation) drawn too (hypothesis)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,25 @@ from hypothesis import strategies as st
 import policies
 from policies.config import ITERATION_LIMITED, WHOLE_BATCHES, SchedulerConfig
 from sim.engine import simulate
-from sim.kvcache import KVCacheManager
+from sim.kvcache import KVCacheManager, TransferredKV
 from sim.metrics import request_frame
-from sim.request import Reason, Status
+from sim.prefix_cache import PrefixCachingKV
+from sim.request import Reason, RequestTable, Status
+from sim.workload import Workload
+from sim.workload.prefixes import grouped
+from sim.workload.sessions import multi_turn
 from tests.helpers import LinearTimer, make_requests
 
 POLICIES = ["none", "static", "dynamic", "continuous", "chunked"]
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> dict:
+def scenarios(draw: st.DrawFn, names: tuple[str, ...] = tuple(POLICIES)) -> dict:
     n = draw(st.integers(1, 25))
     gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
     prompts = draw(st.lists(st.integers(0, 120), min_size=n, max_size=n))
     outputs = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
-    policy = draw(st.sampled_from(POLICIES))
+    policy = draw(st.sampled_from(names))
     max_model_len = draw(st.integers(8, 160))
     chunked = policy == "chunked"
     budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, 2 * max_model_len))
@@ -147,11 +152,55 @@ def test_same_input_same_records(sc: dict) -> None:
     assert first.iterations.to_frame().equals(second.iterations.to_frame())
 
 
+@st.composite
+def featured(draw: st.DrawFn) -> dict:
+    """A scenario with KV features drawn on top: a prefix cache over shared system prompts (continuous and chunked,
+    as vLLM has it), conversations (every policy; their turns' content shared with the cache too), or KV sent by a
+    prefill replica (continuous and chunked, a decode pool's replicas)."""
+    feature = draw(st.sampled_from(["none", "caching", "caching", "conversations", "caching+conversations", "sent"]))
+    sc = draw(scenarios(("continuous", "chunked") if feature in ("caching", "sent") else tuple(POLICIES)))
+    paged = sc["config"].policy in ("continuous", "chunked")
+    sc["caching"] = "caching" in feature and paged
+    sc["prefix"] = draw(st.sampled_from([0, 16, 40, 64])) if sc["caching"] else 0
+    sc["groups"] = draw(st.integers(1, 3))
+    sc["turns"] = draw(st.integers(2, 4)) if "conversations" in feature else 1
+    sc["think"] = draw(st.sampled_from([0.0, 0.01, 0.2]))
+    sc["sent"] = feature == "sent"
+    sc["seed"] = draw(st.integers(0, 2**16))
+    return sc
+
+
+def _featured_simulate(sc: dict, engine: str):  # noqa: ANN202
+    rng = np.random.default_rng(sc["seed"])
+    n = len(sc["arrivals"])
+    w = Workload(np.asarray(sc["arrivals"], dtype=float), np.asarray(sc["prompts"], dtype=np.int64),
+                 np.asarray(sc["outputs"], dtype=np.int64))  # fmt: skip
+    if sc["prefix"]:
+        w = Workload(w.arrival_s, w.prompt_tokens + sc["prefix"], w.output_tokens,
+                     prefixes=grouped(n, sc["prefix"], sc["groups"], rng))  # fmt: skip
+    if sc["turns"] > 1:  # a conversation's answers are its content: each has a token at least
+        w = Workload(w.arrival_s, w.prompt_tokens, np.maximum(w.output_tokens, 1), prefixes=w.prefixes)
+        w = multi_turn(w, sc["turns"], sc["think"], "uniform:0:30", "uniform:1:20", rng)
+    reqs = RequestTable(w.arrival_s, w.prompt_tokens, w.output_tokens)
+    reqs.after, reqs.think = w.after, w.think_s
+    blocks, size = sc["kv_blocks"], sc["block_size"]
+    if sc["caching"]:
+        kv: KVCacheManager = PrefixCachingKV(blocks, size, w, watermark=sc["watermark"])
+    elif sc["sent"]:
+        kv = TransferredKV(blocks, size, np.maximum(w.prompt_tokens - 1, 0), watermark=sc["watermark"])
+    else:
+        kv = KVCacheManager(blocks, size, len(w), watermark=sc["watermark"])
+    cfg = sc["config"]
+    records = simulate(reqs, policies.get(cfg), LinearTimer(0.01, 1e-3, 1e-5), kv, cfg.max_model_len, engine=engine,
+                       stream=sc["stream"], record_batches=True)  # fmt: skip
+    return reqs, kv, records
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios())
+@given(featured())
 def test_the_compiled_engine_gives_the_reference_records_to_the_last_bit(sc: dict) -> None:
-    _, kv_ref, reference = _simulate(sc, "reference")
-    _, kv_fast, fast = _simulate(sc, "compiled")
+    reqs, kv_ref, reference = _featured_simulate(sc, "reference")
+    _, kv_fast, fast = _featured_simulate(sc, "compiled")
     assert fast.engine == "compiled" and reference.engine == "reference"
     assert request_frame(fast).equals(request_frame(reference))
     assert fast.iterations.to_frame().equals(reference.iterations.to_frame())
@@ -159,3 +208,9 @@ def test_the_compiled_engine_gives_the_reference_records_to_the_last_bit(sc: dic
     assert (kv_fast.held == kv_ref.held).all() and kv_fast.used == kv_ref.used == 0
     assert fast.batches is not None and reference.batches is not None
     assert fast.batches.to_frame().equals(reference.batches.to_frame())
+    assert fast.prefix_cache == reference.prefix_cache
+    if sc["caching"]:  # what stays cached, and in which order it would be evicted
+        assert isinstance(kv_fast, PrefixCachingKV) and isinstance(kv_ref, PrefixCachingKV)
+        assert kv_fast.evictable == kv_ref.evictable and not kv_fast.refcount
+    # every request ends, a conversation's turns included
+    assert set(np.unique(reqs.status)) <= {Status.FINISHED, Status.REJECTED}

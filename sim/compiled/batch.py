@@ -1,5 +1,6 @@
 """The batch being built and the accounting after it ran: the compiled twins of ``policies.base.BatchBuilder`` and
-of ``SchedulerState.shape_of`` / ``complete``, over ``sim.compiled.state``'s arrays (same order, same records)."""
+of ``SchedulerState.shape_of`` / ``complete``, over ``sim.compiled.state``'s arrays (same order, same records; the KV
+cache's and the conversations' steps are the very kernels the reference engine runs)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from sim.compiled import kv as kvc
+from sim.compiled.jit import kernel
+from sim.compiled.kvstate import CACHING, USED
+from sim.compiled.sessions import release_turns
 from sim.compiled.state import (
+    ARRIVAL,
+    B_CACHED,
     B_HOLD,
     B_LEN,
     BATCH_IDS,
@@ -24,6 +30,7 @@ from sim.compiled.state import (
     GENERATED,
     HELD_DONE,
     LAST_TOKEN,
+    LOG_BASE,
     N_BATCH_ROWS,
     N_ITERS,
     NUM_HELD,
@@ -35,13 +42,12 @@ from sim.compiled.state import (
     R_LEN,
     RELEASED,
     RUNNING_Q,
+    SESSIONS,
     STAMP,
     STATUS,
     UNFINISHED,
-    USED,
     W_LEN,
     is_prefilling,
-    kv_free,
 )
 from sim.records import add_gap
 
@@ -52,14 +58,15 @@ FloatArray = npt.NDArray[np.float64]
 # ---- the batch being built (BatchBuilder) ----------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel
 def batch_start(sc: IntArray) -> None:
     sc[B_LEN] = 0
     sc[B_HOLD] = 0
+    sc[B_CACHED] = 0
     sc[BATCH_NO] += 1
 
 
-@njit(cache=True)
+@kernel
 def batch_add(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -> None:
     k = sc[B_LEN]
     wk[BATCH_IDS, k] = req
@@ -68,7 +75,7 @@ def batch_add(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -
     sc[B_LEN] = k + 1
 
 
-@njit(cache=True)
+@kernel
 def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
     return ri[STAMP, req] == sc[BATCH_NO]
 
@@ -76,7 +83,7 @@ def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
 # ---- after the iteration (SchedulerState.shape_of and complete) ------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel
 def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int]:
     """Fill the shape rows from the batch; returns (prefill chunks, decodes, prefill chunks that sample)."""
     n_pf = 0
@@ -97,12 +104,14 @@ def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int
     return n_pf, n_dec, sampled
 
 
-@njit(cache=True)
+@kernel
 def complete(
     ri: IntArray,
     rf: FloatArray,
     wk: IntArray,
     sc: IntArray,
+    kv,  # noqa: ANN001
+    ss,  # noqa: ANN001
     n_pf: int,
     n_dec: int,
     start: float,
@@ -116,13 +125,14 @@ def complete(
 ) -> None:
     """Account for the batch that ran from ``start`` to ``end`` and log it (the logs have room: the loop checks);
     ``batch_rows`` (``sim.records.BATCH_COLUMNS``) gets the batch's members unless it has no rows at all."""
-    row = sc[N_ITERS]
+    iteration = sc[N_ITERS]
+    row = iteration - sc[LOG_BASE]  # in the log's chunk being written
     nb = sc[B_LEN]
     if batch_rows.shape[0] > 0:
         m = sc[N_BATCH_ROWS]
         for k in range(nb):
             req = wk[BATCH_IDS, k]
-            batch_rows[m, 0] = row
+            batch_rows[m, 0] = iteration
             batch_rows[m, 1] = req
             batch_rows[m, 2] = wk[BATCH_NEW, k]
             batch_rows[m, 3] = ri[COMPUTED, req]
@@ -134,10 +144,14 @@ def complete(
         if math.isnan(rf[FIRST_SCHEDULED, req]):
             rf[FIRST_SCHEDULED, req] = start
         ri[COMPUTED, req] += wk[BATCH_NEW, k]
+    if kv[1][CACHING]:  # a prefix cache caches the blocks the iteration filled
+        for k in range(nb):
+            req = wk[BATCH_IDS, k]
+            kvc.register(kv, req, ri[COMPUTED, req])
     done = 0
     seats = sc[R_LEN]
     held = sc[NUM_HELD]
-    kv_used = sc[USED]
+    kv_used = kv[1][USED]
     hold = sc[B_HOLD] != 0
     for k in range(nb):
         req = wk[BATCH_IDS, k]
@@ -157,7 +171,9 @@ def complete(
             else:
                 ri[STATUS, req] = FINISHED
                 rf[RELEASED, req] = end
-                kv_free(ri, sc, req)
+                kvc.free(kv, req)
+                if sc[SESSIONS]:
+                    release_turns(ss, rf[ARRIVAL], req, end)
     if done:
         if hold:
             sc[NUM_HELD] += done
@@ -190,4 +206,4 @@ def complete(
     log_counts[row, 8] = sc[PREEMPTED_SINCE]
     log_counts[row, 9] = done
     sc[PREEMPTED_SINCE] = 0
-    sc[N_ITERS] = row + 1
+    sc[N_ITERS] = iteration + 1

@@ -22,36 +22,36 @@ import simpy
 from numba import njit
 
 from sim.compiled.batch import build_shape, complete
+from sim.compiled.jit import NO_REFCOUNTS, WITH_REFCOUNTS, kernel
+from sim.compiled.sessions import first_turns, sessions_of
 from sim.compiled.state import (
     ARRIVAL,
     B_LEN,
-    BLOCK_SIZE,
     DEC_CTX,
     FLIGHT_END,
     FLIGHT_START,
     IN_FLIGHT,
     INBOX,
+    LOG_BASE,
     MAX_MODEL_LEN,
     MORE,
     N_BATCH_ROWS,
     N_DEC,
     N_ITERS,
     N_PF,
-    NUM_BLOCKS,
     NUM_SCALARS,
     NUM_WK,
     OUTPUT,
     PF_CTX,
     PF_NEW,
     ROUTED,
+    SESSIONS,
     SLEEPING,
     UNFINISHED,
-    USED,
     W_HEAD,
     W_LEN,
     WAITING_Q,
     WAKE,
-    WATERMARK,
     next_arrival,
     pack,
     receive_arrivals,
@@ -60,23 +60,37 @@ from sim.compiled.state import (
     work_left,
 )
 from sim.kvcache import KVCacheManager
+from sim.prefix_cache import PrefixCachingKV
 from sim.records import BatchLog, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
 from sim.state import max_gaps
+
+NO_SESSIONS = sessions_of(np.full(1, -1, dtype=np.int64), np.zeros(1))  # a replica without conversations
 
 # what a segment ended with
 DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION, BATCH_LOG_FULL, IDLE = range(7)
 SEGMENT_ITERATIONS = 200_000
 
 
-# Not cached: it takes the policy and the timer as function arguments, and numba's cache cannot key on those (each
-# process compiles it once per policy and timer, ~2 s; everything it calls is cached).
-@njit
+# The loop and the timer's call are compiled in each process, once per policy and timer (~2 s): numba's cache cannot
+# key on a function given as an argument (everything else they call is cached). The loop is not reference counted
+# (``sim.compiled.jit``); the call of the timer is, since the cost model allocates (a callee inherits the flag of its
+# caller unless it sets its own).
+@njit(**WITH_REFCOUNTS)
+def time_iteration(timer: Any, timer_args: Any, wk: np.ndarray, n_pf: int, n_dec: int, sampled: int) -> float:
+    """Seconds the iteration of the shape in ``wk`` takes (the cost model's ``timer``)."""
+    seconds: float = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled)
+    return seconds
+
+
+@njit(**NO_REFCOUNTS)
 def run_segment(
     ri: np.ndarray,
     rf: np.ndarray,
     wk: np.ndarray,
     sc: np.ndarray,
+    kv: Any,
+    ss: Any,
     clock: np.ndarray,
     logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     schedule: Any,
@@ -93,11 +107,12 @@ def run_segment(
     every request has ended (DONE), when nothing is left and a router may still route more (IDLE), after
     ``max_iterations`` iterations, or when a log is full. Returns (what ended it, the replica's clock). ``logs`` is
     ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts, batch rows)``; a batch log without rows
-    is not kept. The iteration in flight and the wake-up time persist in ``sc`` and ``clock`` between calls."""
+    is not kept. ``kv`` is the KV cache (``sim.compiled.kvstate``), ``ss`` the conversations (``sim.compiled.state``).
+    The iteration in flight and the wake-up time persist in ``sc`` and ``clock`` between calls."""
     itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows = logs
     iterations = 0
     while True:
-        if sc[N_ITERS] >= log_times.shape[0]:
+        if sc[N_ITERS] - sc[LOG_BASE] >= log_times.shape[0]:
             return LOG_FULL, now  # before anything is logged: the caller grows the log and calls again
         if batch_rows.shape[0] > 0 and sc[N_BATCH_ROWS] + wk.shape[1] > batch_rows.shape[0]:
             return BATCH_LOG_FULL, now  # room for a batch of every request here, or the caller grows it
@@ -105,8 +120,8 @@ def run_segment(
             end = clock[FLIGHT_END]
             if end >= stop_at:
                 return PAUSED, now
-            complete(ri, rf, wk, sc, sc[N_PF], sc[N_DEC], clock[FLIGHT_START], end, itl_sums, itl_hist, itl_gaps,
-                     log_times, log_counts, batch_rows)  # fmt: skip
+            complete(ri, rf, wk, sc, kv, ss, sc[N_PF], sc[N_DEC], clock[FLIGHT_START], end, itl_sums, itl_hist,
+                     itl_gaps, log_times, log_counts, batch_rows)  # fmt: skip
             sc[IN_FLIGHT] = 0
             now = end
             iterations += 1
@@ -125,19 +140,19 @@ def run_segment(
         # decide (sim.engine.decide)
         wake = now
         while True:
-            receive_arrivals(ri, rf, wk, sc, now)
+            receive_arrivals(ri, rf, wk, sc, kv, ss, now)
             if sc[UNFINISHED] == 0:
                 return _nothing_left(sc, clock), now
-            until = schedule(ri, rf, wk, sc, params, now)
+            until = schedule(ri, rf, wk, sc, kv, ss, params, now)
             if sc[B_LEN] > 0:
                 break
             if sc[UNFINISHED] == 0:
                 return _nothing_left(sc, clock), now
             if until <= now:
                 return BAD_WAIT, now
-            wake = min(until, next_arrival(rf, wk, sc))
+            wake = min(until, next_arrival(rf, wk, sc, ss))
             if wake == math.inf and sc[MORE] == 0:
-                reject_stalled(ri, wk, sc)
+                reject_stalled(ri, rf, wk, sc, kv, ss, now)
                 return DONE, now
             if wake > now:
                 break
@@ -146,7 +161,7 @@ def run_segment(
             clock[WAKE] = wake
         else:  # start the batch; it is accounted for when it ends
             n_pf, n_dec, sampled = build_shape(ri, wk, sc)
-            duration = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled)
+            duration = time_iteration(timer, timer_args, wk, n_pf, n_dec, sampled)
             if not duration > 0.0:
                 return BAD_DURATION, now
             clock[FLIGHT_START] = now
@@ -166,16 +181,16 @@ def segment_runner(schedule: Any, timer: Any) -> Any:
     key = (schedule, timer)
     if key not in _RUNNERS:
 
-        @njit
-        def run(ri, rf, wk, sc, clock, logs, params, timer_args, now, stop_at, max_iterations):  # noqa: ANN001, ANN202
-            return run_segment(ri, rf, wk, sc, clock, logs, schedule, params, timer, timer_args, now, stop_at,
+        @njit(**NO_REFCOUNTS)
+        def run(ri, rf, wk, sc, kv, ss, clock, logs, params, timer_args, now, stop_at, max_iterations):  # noqa: ANN001, ANN202
+            return run_segment(ri, rf, wk, sc, kv, ss, clock, logs, schedule, params, timer, timer_args, now, stop_at,
                                max_iterations)  # fmt: skip
 
         _RUNNERS[key] = run
     return _RUNNERS[key]
 
 
-@njit(cache=True)
+@kernel
 def _nothing_left(sc: np.ndarray, clock: np.ndarray) -> int:
     """Every request here has ended: DONE, or IDLE (asleep until routed to) while a router may route more."""
     if sc[MORE] == 0:
@@ -189,8 +204,10 @@ class CompiledReplica:
     """One replica's arrays for the compiled loop: its queues (``wk``), scalars (``sc``), clock and logs, over the
     request blocks (``ri``, ``rf``), which the replicas of a cluster share (a request belongs to one of them).
 
-    A single replica's inbox is every request (``routed=False``); a cluster's replica starts empty and is handed
-    requests by its router (``route``), its columns growing as they come."""
+    A single replica's inbox is every request (``routed=False``), or with conversations (``sessions``: the turn before
+    each request and the think times, ``Workload.after`` and ``think_s``) every first turn; a cluster's replica starts
+    empty and is handed requests by its router (``route``), its columns growing as they come. The KV cache ``kv`` is
+    the same object the reference engine would use (its arrays are the state)."""
 
     def __init__(
         self,
@@ -202,20 +219,29 @@ class CompiledReplica:
         record_batches: bool = False,
         routed: bool = False,
         capacity: int = 1024,
+        sessions: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         n = ri.shape[1]
         self.ri, self.rf, self.kv, self.itl = ri, rf, kv, itl
         self.wk = np.zeros((NUM_WK, max(capacity if routed else n, 1)), dtype=np.int64)
         self.sc = np.zeros(NUM_SCALARS, dtype=np.int64)
-        self.sc[NUM_BLOCKS], self.sc[BLOCK_SIZE], self.sc[WATERMARK] = kv.num_blocks, kv.block_size, kv.watermark_blocks
         self.sc[MAX_MODEL_LEN] = max_model_len
         if not routed:
             self.wk[INBOX, :n] = np.arange(n)
             self.sc[ROUTED] = self.sc[UNFINISHED] = n
         self.sc[MORE] = int(routed)
+        self.ss = NO_SESSIONS
+        if sessions is not None:
+            after, think = sessions
+            first = first_turns(after)
+            self.wk[INBOX, : len(first)] = first
+            self.sc[ROUTED] = len(first)
+            self.sc[SESSIONS] = 1
+            self.ss = sessions_of(after, think)
         self.clock = np.zeros(3)
         self.now = 0.0
-        self.log = IterationLog(capacity=max(1024, 2 * (capacity if routed else n)))
+        # room for 8 iterations a request (each row's memory is taken when it is written, as np.zeros gives pages)
+        self.log = IterationLog(capacity=max(1024, 8 * (capacity if routed else n)))
         self.batches = BatchLog(capacity=max(1024, 4 * self.wk.shape[1])) if record_batches else BatchLog(capacity=0)
         self.record_batches = record_batches
         self._logs: tuple[np.ndarray, ...] | None = None  # the log arrays as the loop takes them
@@ -235,13 +261,14 @@ class CompiledReplica:
             if logs is None or logs[2] is not self.itl.gaps:  # built again only when a log has grown
                 logs = self._logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts,
                                      self.batches.rows)  # fmt: skip
-            code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.clock, logs, params, args, self.now,
-                                 stop_at, max_iterations)  # fmt: skip
+            code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.kv.arrays, self.ss, self.clock, logs, params,
+                                 args, self.now, stop_at, max_iterations)  # fmt: skip
             if code == DONE or code == PAUSED or code == IDLE:
                 return code
             self._logs = None
             if code == LOG_FULL:
                 self.log.grow()
+                self.sc[LOG_BASE] = self.log.base
             elif code == BATCH_LOG_FULL:
                 self.batches.grow()
             elif code == BAD_WAIT:
@@ -271,6 +298,16 @@ class CompiledReplica:
         if self.sc[SLEEPING]:
             self.clock[WAKE] = min(self.clock[WAKE], self.rf[ARRIVAL, req])
 
+    def route_many(self, reqs: np.ndarray) -> None:
+        """``route`` each of ``reqs`` (in arrival order), before the replica has run (it does not sleep yet)."""
+        k, m = int(self.sc[ROUTED]), len(reqs)
+        while k + m > self.wk.shape[1]:
+            self.grow()
+        self.wk[INBOX, k : k + m] = reqs
+        self.sc[ROUTED] = k + m
+        self.sc[UNFINISHED] += m
+        self.itl.reserve(int(np.maximum(self.ri[OUTPUT, reqs] - 1, 0).sum()))
+
     def close(self) -> None:
         """No request will be routed here any more."""
         self.sc[MORE] = 0
@@ -289,13 +326,12 @@ class CompiledReplica:
         """What a router sees: unfinished requests, tokens of work left (0 unless ``reads`` has "work_left", which
         walks the queues), KV blocks in use."""
         work = int(work_left(self.ri, self.wk, self.sc)) if "work_left" in reads else 0
-        return int(self.sc[UNFINISHED]), work, int(self.sc[USED])
+        return int(self.sc[UNFINISHED]), work, self.kv.used
 
     def run_records(self, requests: RequestTable) -> RunRecords:
         """This replica's records over ``requests`` (the table the blocks were packed from)."""
         self.log.n = int(self.sc[N_ITERS])
         self.batches.n = int(self.sc[N_BATCH_ROWS])
-        self.kv.used = int(self.sc[USED])
         return RunRecords(
             requests=requests,
             itl=self.itl,
@@ -304,6 +340,7 @@ class CompiledReplica:
             kv_block_size=self.kv.block_size,
             engine="compiled",
             batches=self.batches if self.record_batches else None,
+            prefix_cache=self.kv.counters() if isinstance(self.kv, PrefixCachingKV) else None,
         )
 
 
@@ -320,8 +357,13 @@ def simulate_compiled(
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
     ``timer`` a cost model's ``compiled()`` pair. SimPy keeps the time: one timeout per segment of
     ``SEGMENT_ITERATIONS`` iterations, where ``on_segment(now, unfinished)`` is called."""
-    ri, rf = pack(requests, kv.held)
-    replica = CompiledReplica(ri, rf, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches)
+    ri, rf = pack(requests)
+    sessions = None
+    if requests.after is not None:
+        assert requests.think is not None
+        sessions = (requests.after, requests.think)
+    replica = CompiledReplica(ri, rf, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches,
+                              sessions=sessions)  # fmt: skip
     env = simpy.Environment()
 
     def process() -> Generator[simpy.Event, Any, None]:
@@ -336,5 +378,5 @@ def simulate_compiled(
 
     env.process(process())
     env.run()
-    unpack(ri, rf, requests, kv.held)
+    unpack(ri, rf, requests)
     return replica.run_records(requests)

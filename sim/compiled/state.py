@@ -1,17 +1,18 @@
 """The scheduler state as flat arrays, and its operations compiled with numba: the compiled engine's twin of
-``sim.state`` and ``sim.kvcache`` (the batch and the accounting after it are in ``sim.compiled.batch``).
+``sim.state`` (the batch and the accounting after it are in ``sim.compiled.batch``; the KV cache, which both engines
+share, is ``sim.compiled.kv``).
 
-Every function here mirrors a method of ``SchedulerState`` or ``KVCacheManager`` step for step (same order, same
-tie-breaks), so that a compiled policy (``policies.compiled``) on this state makes the very decisions its Python class
-makes on ``SchedulerState``; tests run both and compare the records to the last bit.
+Every function here mirrors a method of ``SchedulerState`` step for step (same order, same tie-breaks), so that a
+compiled policy (``policies.compiled``) on this state makes the very decisions its Python class makes on
+``SchedulerState``; tests run both and compare the records to the last bit.
 
-The state is four arrays, passed to every function as ``ri, rf, wk, sc`` (numba pays a reference count per array for
-a tuple argument, so they travel separately):
-- ``ri`` int64 ``[row, request]``: the request counters and the KV blocks each holds (rows ``PROMPT`` ...);
+The state is four arrays, passed to every function as ``ri, rf, wk, sc``, beside the KV cache's (``kv``,
+``sim.compiled.kvstate``) and the conversations' (``ss``: ``turn_at, turns, think``, ``sim.compiled.sessions``):
+- ``ri`` int64 ``[row, request]``: the request counters (rows ``PROMPT`` ...);
 - ``rf`` float64 ``[row, request]``: arrival and the timestamps (rows ``ARRIVAL`` ...);
 - ``wk`` int64 ``[row, slot]``: the waiting queue (a ring buffer, FCFS, preempted requests back at the front), the
   running set (admission order), the batch being built, scratch space and the iteration's shape;
-- ``sc`` int64: scalars (``USED`` ...).
+- ``sc`` int64: scalars (``W_HEAD`` ...).
 """
 
 from __future__ import annotations
@@ -20,31 +21,36 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from sim.compiled import kv as kvc
+from sim.compiled.jit import kernel
+from sim.compiled.kvstate import BLOCK_SIZE, NUM_BLOCKS
+from sim.compiled.sessions import LEN, next_arrived, next_turn_at, reject_turns, release_turns
 from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 # rows of ri
-PROMPT, OUTPUT, COMPUTED, GENERATED, STATUS, REASON, PREEMPTIONS, RECOMPUTED, ADMIT_ORDER, HELD, STAMP = range(11)
+PROMPT, OUTPUT, COMPUTED, GENERATED, STATUS, REASON, PREEMPTIONS, RECOMPUTED, ADMIT_ORDER, CACHED, STAMP = range(11)
 NUM_RI = 11
 # rows of rf
 ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RELEASED = range(6)
 NUM_RF = 6
-# rows of wk (INBOX: the requests routed to this replica, in arrival order; a single replica's are all of them)
-WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, PF_NEW, PF_CTX, DEC_CTX, INBOX = range(9)
-NUM_WK = 9
+# rows of wk (INBOX: the requests routed to this replica, in arrival order; a single replica's are all of them;
+# SCRATCH and TOKENS: room for a list of requests and their tokens)
+WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, TOKENS, PF_NEW, PF_CTX, DEC_CTX, INBOX = range(10)
+NUM_WK = 10
 # indices of sc
-USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, W_HEAD, W_LEN, R_LEN, ARRIVED = range(8)
-ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE, B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS = range(8, 17)
-N_BATCH_ROWS = 17  # rows written to the batch log (``sim.records.BatchLog``), when the run keeps one
-# ROUTED: requests in the inbox; MORE: 1 while a router may still route more (a replica of a cluster); IN_FLIGHT:
+W_HEAD, W_LEN, R_LEN, ARRIVED, ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE = range(8)
+B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS, N_BATCH_ROWS = range(8, 14)  # N_BATCH_ROWS: rows of the batch log
+# B_CACHED: entries of the batch whose blocks a prefix cache has cached (``sim.compiled.kv.found``); ROUTED: requests
+# in the inbox; MORE: 1 while a router may still route more (a replica of a cluster); IN_FLIGHT:
 # an iteration has been decided and not yet accounted for (its shape has N_PF prefill chunks and N_DEC decodes);
-# SLEEPING: waiting until ``clock[WAKE]`` (inf: until something is routed to it)
-ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING = range(18, 24)
-NUM_SCALARS = 24
+# SLEEPING: waiting until ``clock[WAKE]`` (inf: until something is routed to it); SESSIONS: 1 with conversations;
+# LOG_BASE: iterations in the iteration log's full chunks (``sim.records.IterationLog``)
+ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING, SESSIONS, LOG_BASE, B_CACHED = range(14, 23)
+NUM_SCALARS = 23
 # the float scalars of a run (``clock``): the iteration in flight, and the wake-up time of a sleeping replica
 FLIGHT_START, FLIGHT_END, WAKE = range(3)
 
@@ -55,111 +61,73 @@ EXCEEDS_KV_CACHE = int(Reason.EXCEEDS_KV_CACHE)
 STALLED = int(Reason.STALLED)
 
 _RI_COLUMNS = ("prompt", "output_wanted", "computed", "generated", "status", "reason", "preemptions", "recomputed",
-               "admit_order")  # fmt: skip
+               "admit_order", "cached")  # fmt: skip
 _RF_COLUMNS = ("arrival", "first_scheduled", "first_token", "last_token", "finish", "released")
+_INPUTS = ("prompt", "output_wanted", "arrival")  # never written back (a conversation's arrivals are shared)
 
 
-def pack(requests: RequestTable, held: IntArray) -> tuple[IntArray, FloatArray]:
-    """The request table (and the KV blocks each request holds) as the ``ri`` and ``rf`` blocks."""
+def pack(requests: RequestTable) -> tuple[IntArray, FloatArray]:
+    """The request table as the ``ri`` and ``rf`` blocks. The table's columns of the blocks' type become the blocks'
+    rows (no copy: a long run's request table is one of its largest records); ``unpack`` writes back the others. The
+    lengths and arrivals stay the table's own, but a conversation's arrivals, which the run writes."""
     n = len(requests)
     ri = np.zeros((NUM_RI, n), dtype=np.int64)
     for row, name in enumerate(_RI_COLUMNS):
-        ri[row] = getattr(requests, name)
-    ri[HELD] = held
+        column = getattr(requests, name)
+        if column.any():  # the zeros are there already (and untouched: np.zeros takes memory as it is written)
+            ri[row] = column
+        if row not in (PROMPT, OUTPUT):
+            _share(requests, name, ri[row])
     ri[STAMP] = -1
     rf = np.zeros((NUM_RF, n))
     for row, name in enumerate(_RF_COLUMNS):
         rf[row] = getattr(requests, name)
+        if row != ARRIVAL:
+            _share(requests, name, rf[row])
+    if requests.after is not None:
+        requests.arrival = rf[ARRIVAL]  # later turns' arrivals are written as they are sent (the table's own copy)
     return ri, rf
 
 
-def unpack(ri: IntArray, rf: FloatArray, requests: RequestTable, held: IntArray) -> None:
-    """Write the blocks back into the request table's own arrays (and the KV manager's); the inputs (lengths and
-    arrivals) are not written, they did not change."""
-    for row, name in enumerate(_RI_COLUMNS):
-        if row not in (PROMPT, OUTPUT):
-            getattr(requests, name)[:] = ri[row]
-    for row, name in enumerate(_RF_COLUMNS):
-        if row != ARRIVAL:
-            getattr(requests, name)[:] = rf[row]
-    held[:] = ri[HELD]
+def _share(requests: RequestTable, name: str, row: npt.NDArray[np.generic]) -> None:
+    """The table's column ``name`` becomes ``row``, if of its type (and not a view of a growing table's buffer)."""
+    column = getattr(requests, name)
+    if column.dtype == row.dtype and column.base is None:
+        setattr(requests, name, row)
 
 
-# ---- KV cache (KVCacheManager) -------------------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def blocks_for(sc: IntArray, tokens: int) -> int:
-    return -(-tokens // sc[BLOCK_SIZE])
-
-
-@njit(cache=True)
-def kv_extra(ri: IntArray, sc: IntArray, req: int, tokens: int) -> int:
-    return max(0, blocks_for(sc, tokens) - ri[HELD, req])
-
-
-@njit(cache=True)
-def kv_can_allocate(ri: IntArray, sc: IntArray, req: int, tokens: int, admission: bool) -> bool:
-    reserve = sc[WATERMARK] if admission else 0
-    return kv_extra(ri, sc, req, tokens) <= sc[NUM_BLOCKS] - sc[USED] - reserve
-
-
-@njit(cache=True)
-def kv_allocate(ri: IntArray, sc: IntArray, req: int, tokens: int, admission: bool) -> bool:
-    extra = kv_extra(ri, sc, req, tokens)
-    reserve = sc[WATERMARK] if admission else 0
-    if extra > sc[NUM_BLOCKS] - sc[USED] - reserve:
-        return False
-    ri[HELD, req] += extra
-    sc[USED] += extra
-    return True
-
-
-@njit(cache=True)
-def kv_allocate_all(ri: IntArray, sc: IntArray, reqs: IntArray, count: int) -> bool:
-    """Grow ``reqs[:count]`` by one token each (the decode fast path), all or nothing."""
-    total = 0
-    for k in range(count):
-        r = reqs[k]
-        total += max(blocks_for(sc, ri[COMPUTED, r] + 1) - ri[HELD, r], 0)
-    if total > sc[NUM_BLOCKS] - sc[USED]:
-        return False
-    for k in range(count):
-        r = reqs[k]
-        ri[HELD, r] += max(blocks_for(sc, ri[COMPUTED, r] + 1) - ri[HELD, r], 0)
-    sc[USED] += total
-    return True
-
-
-@njit(cache=True)
-def kv_free(ri: IntArray, sc: IntArray, req: int) -> None:
-    sc[USED] -= ri[HELD, req]
-    ri[HELD, req] = 0
+def unpack(ri: IntArray, rf: FloatArray, requests: RequestTable) -> None:
+    """Write back into the request table the columns ``pack`` could not hand over (of smaller types)."""
+    for block, columns in ((ri, _RI_COLUMNS), (rf, _RF_COLUMNS)):
+        for row, name in enumerate(columns):
+            column = getattr(requests, name)
+            if name not in _INPUTS and not np.may_share_memory(column, block):
+                column[:] = block[row]
 
 
 # ---- queues ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel
 def waiting_at(wk: IntArray, sc: IntArray, k: int) -> int:
     """The k-th request of the waiting queue (0 = front)."""
     return wk[WAITING_Q, (sc[W_HEAD] + k) % wk.shape[1]]
 
 
-@njit(cache=True)
+@kernel
 def push_back(wk: IntArray, sc: IntArray, req: int) -> None:
     wk[WAITING_Q, (sc[W_HEAD] + sc[W_LEN]) % wk.shape[1]] = req
     sc[W_LEN] += 1
 
 
-@njit(cache=True)
+@kernel
 def push_front(wk: IntArray, sc: IntArray, req: int) -> None:
     sc[W_HEAD] = (sc[W_HEAD] - 1) % wk.shape[1]
     wk[WAITING_Q, sc[W_HEAD]] = req
     sc[W_LEN] += 1
 
 
-@njit(cache=True)
+@kernel
 def pop_front(wk: IntArray, sc: IntArray) -> int:
     req = wk[WAITING_Q, sc[W_HEAD]]
     sc[W_HEAD] = (sc[W_HEAD] + 1) % wk.shape[1]
@@ -167,7 +135,7 @@ def pop_front(wk: IntArray, sc: IntArray) -> int:
     return req
 
 
-@njit(cache=True)
+@kernel
 def remove_running(wk: IntArray, sc: IntArray, req: int) -> None:
     """Take ``req`` out of the running set, keeping the others' order."""
     k = 0
@@ -182,54 +150,70 @@ def remove_running(wk: IntArray, sc: IntArray, req: int) -> None:
 # ---- requests (SchedulerState) ---------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel
 def remaining(ri: IntArray, req: int) -> int:
     return ri[PROMPT, req] + ri[GENERATED, req] - ri[COMPUTED, req]
 
 
-@njit(cache=True)
+@kernel
 def is_prefilling(ri: IntArray, req: int) -> bool:
     return ri[GENERATED, req] == 0 or remaining(ri, req) > 1
 
 
-@njit(cache=True)
-def next_arrival(rf: FloatArray, wk: IntArray, sc: IntArray) -> float:
-    """Arrival time of the next request in the inbox not yet received; inf when there is none (for now)."""
+@kernel
+def next_arrival(rf: FloatArray, wk: IntArray, sc: IntArray, ss) -> float:  # noqa: ANN001
+    """Arrival time of the next request in the inbox (or turn sent) not yet received; inf when there is none (for
+    now)."""
     a = sc[ARRIVED]
-    return rf[ARRIVAL, wk[INBOX, a]] if a < sc[ROUTED] else math.inf
+    first = rf[ARRIVAL, wk[INBOX, a]] if a < sc[ROUTED] else math.inf
+    return min(first, next_turn_at(ss)) if sc[SESSIONS] else first
 
 
-@njit(cache=True)
-def more_arrivals(sc: IntArray) -> bool:
-    """Whether any request is still to arrive here: in the inbox, or from a router that is still routing."""
-    return sc[ARRIVED] < sc[ROUTED] or sc[MORE] != 0
+@kernel
+def more_arrivals(sc: IntArray, ss) -> bool:  # noqa: ANN001
+    """Whether any request is still to arrive here: in the inbox, sent, or from a router that is still routing."""
+    return sc[ARRIVED] < sc[ROUTED] or sc[MORE] != 0 or (sc[SESSIONS] != 0 and ss[5][LEN] > 0)
 
 
-@njit(cache=True)
-def receive_arrivals(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
+@kernel
+def receive_arrivals(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, kv, ss, now: float) -> None:  # noqa: ANN001
+    if sc[SESSIONS]:
+        while True:
+            i, sc[ARRIVED] = next_arrived(ss, wk[INBOX], sc[ARRIVED], sc[ROUTED], rf[ARRIVAL], now)
+            if i < 0:
+                return
+            receive(ri, rf, wk, sc, kv, ss, i, now)
     j = sc[ARRIVED]
     while j < sc[ROUTED] and rf[ARRIVAL, wk[INBOX, j]] <= now:
-        i = wk[INBOX, j]
-        total = ri[PROMPT, i] + ri[OUTPUT, i]
-        reason = 0
-        if total > sc[MAX_MODEL_LEN]:
-            reason = EXCEEDS_MAX_MODEL_LEN
-        elif blocks_for(sc, total) > sc[NUM_BLOCKS]:
-            reason = EXCEEDS_KV_CACHE
-        if ri[PROMPT, i] <= 0 or ri[OUTPUT, i] <= 0:
-            reason = EMPTY
-        if reason:
-            ri[STATUS, i] = REJECTED
-            ri[REASON, i] = reason
-            sc[UNFINISHED] -= 1
-        else:
-            ri[STATUS, i] = WAITING
-            push_back(wk, sc, i)
+        receive(ri, rf, wk, sc, kv, ss, wk[INBOX, j], now)
         j += 1
     sc[ARRIVED] = j
 
 
-@njit(cache=True)
+@kernel
+def receive(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, kv, ss, i: int, now: float) -> None:  # noqa: ANN001
+    """Request ``i`` has arrived: it joins the waiting queue, or is rejected if it can never run."""
+    ks = kv[1]
+    total = ri[PROMPT, i] + ri[OUTPUT, i]
+    reason = 0
+    if total > sc[MAX_MODEL_LEN]:
+        reason = EXCEEDS_MAX_MODEL_LEN
+    elif -(-total // ks[BLOCK_SIZE]) > ks[NUM_BLOCKS]:
+        reason = EXCEEDS_KV_CACHE
+    if ri[PROMPT, i] <= 0 or ri[OUTPUT, i] <= 0:
+        reason = EMPTY
+    if reason:
+        ri[STATUS, i] = REJECTED
+        ri[REASON, i] = reason
+        sc[UNFINISHED] -= 1
+        if sc[SESSIONS]:
+            turns_rejected(ri, rf, wk, sc, ss, i, now)
+    else:
+        ri[STATUS, i] = WAITING
+        push_back(wk, sc, i)
+
+
+@kernel
 def work_left(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
     """Tokens this replica still has to compute for its unfinished requests: prompt left to prefill plus output left
     to decode, over the running and waiting requests and those routed here and not yet received (a router's
@@ -247,7 +231,7 @@ def work_left(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
     return total
 
 
-@njit(cache=True)
+@kernel
 def admit_next(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
     req = pop_front(wk, sc)
     ri[STATUS, req] = RUNNING
@@ -258,10 +242,18 @@ def admit_next(ri: IntArray, wk: IntArray, sc: IntArray) -> int:
     return req
 
 
-@njit(cache=True)
-def preempt(ri: IntArray, wk: IntArray, sc: IntArray, req: int) -> None:
+@kernel
+def cached(ri: IntArray, req: int, tokens: int) -> None:
+    """``req``, just admitted, found its first ``tokens`` tokens present (the prefix cache, or sent): computed."""
+    ri[COMPUTED, req] += tokens
+    if ri[PREEMPTIONS, req] == 0:
+        ri[CACHED, req] = tokens
+
+
+@kernel
+def preempt(ri: IntArray, wk: IntArray, sc: IntArray, kv, req: int) -> None:  # noqa: ANN001
     remove_running(wk, sc, req)
-    kv_free(ri, sc, req)
+    kvc.free(kv, req)
     ri[RECOMPUTED, req] += ri[COMPUTED, req]
     ri[COMPUTED, req] = 0
     ri[PREEMPTIONS, req] += 1
@@ -270,33 +262,46 @@ def preempt(ri: IntArray, wk: IntArray, sc: IntArray, req: int) -> None:
     sc[PREEMPTED_SINCE] += 1
 
 
-@njit(cache=True)
-def release_running(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, now: float) -> None:
+@kernel
+def release_running(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, kv, ss, now: float) -> None:  # noqa: ANN001
     """End every seated request (all held: their batch has ended), freeing seats and memory."""
     n = sc[R_LEN]
     for j in range(n):
         req = wk[RUNNING_Q, j]
-        kv_free(ri, sc, req)
+        kvc.free(kv, req)
         ri[STATUS, req] = FINISHED
         rf[RELEASED, req] = now
+        if sc[SESSIONS]:
+            release_turns(ss, rf[ARRIVAL], req, now)
     sc[NUM_HELD] -= n
     sc[R_LEN] = 0
     sc[UNFINISHED] -= n
 
 
-@njit(cache=True)
-def reject_stalled(ri: IntArray, wk: IntArray, sc: IntArray) -> None:
+@kernel
+def reject_stalled(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, kv, ss, now: float) -> None:  # noqa: ANN001
     """The policy will never act again: end the running, then the waiting requests, with the reason STALLED."""
     for j in range(sc[R_LEN]):
-        _reject(ri, sc, wk[RUNNING_Q, j])
+        _reject(ri, rf, wk, sc, kv, ss, wk[RUNNING_Q, j], now)
     sc[R_LEN] = 0
     while sc[W_LEN] > 0:
-        _reject(ri, sc, pop_front(wk, sc))
+        _reject(ri, rf, wk, sc, kv, ss, pop_front(wk, sc), now)
 
 
-@njit(cache=True)
-def _reject(ri: IntArray, sc: IntArray, req: int) -> None:
-    kv_free(ri, sc, req)
+@kernel
+def _reject(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, kv, ss, req: int, now: float) -> None:  # noqa: ANN001
+    kvc.free(kv, req)
     ri[STATUS, req] = REJECTED
     ri[REASON, req] = STALLED
     sc[UNFINISHED] -= 1
+    if sc[SESSIONS]:
+        turns_rejected(ri, rf, wk, sc, ss, req, now)
+
+
+# ---- conversations (SchedulerState._turn_ended, _turn_rejected) -----------------------------------------------------
+
+
+@kernel
+def turns_rejected(ri: IntArray, rf: FloatArray, wk: IntArray, sc: IntArray, ss, req: int, now: float) -> None:  # noqa: ANN001
+    """``req`` was rejected: the turns after it are too (``wk[SCRATCH]`` is free whenever a request is rejected)."""
+    sc[UNFINISHED] -= reject_turns(ss, ri[STATUS], ri[REASON], rf[ARRIVAL], req, now, wk[SCRATCH])

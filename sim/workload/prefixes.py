@@ -4,8 +4,8 @@ requests whose prompts start with the same segments, in the same order and of th
 tokens; the tokens after a request's segments are its own.
 
 Stored flat, as the workload's other columns: ``ids`` and ``tokens`` of every segment, request after request, and
-``offsets`` (``n + 1``) where each request's segments begin. ``block_keys`` turns them into the KV-cache block keys
-``sim.prefix_cache`` reuses.
+``offsets`` (``n + 1``) where each request's segments begin. ``sim.compiled.prefix`` turns them into the KV-cache
+block keys ``sim.prefix_cache`` reuses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import numpy as np
 import numpy.typing as npt
 
 IntArray = npt.NDArray[np.int64]
-_MASK = (1 << 63) - 1  # keys are non-negative int64 (-1 is "no key")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,21 +69,6 @@ class Prefixes:
         spans = [np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends, strict=True)]
         picks = np.concatenate(spans) if spans else np.empty(0, dtype=np.int64)
         return Prefixes(self.ids[picks], self.tokens[picks], np.concatenate([[0], np.cumsum(counts)]))
-
-    def block_keys(self, req: int, block_size: int) -> IntArray:
-        """Keys of request ``req``'s full KV blocks that lie within its segments: block ``j``'s key is the chained
-        hash of the segments up to the one holding its last token, and ``j`` (equal keys: equal tokens, from the
-        first token on). Blocks past the segments are the request's own and get no key (the array stops)."""
-        lo, hi = int(self.offsets[req]), int(self.offsets[req + 1])
-        keys: list[int] = []
-        chain = 0
-        end = 0  # tokens covered by the segments so far
-        for s in range(lo, hi):
-            chain = hash((chain, int(self.ids[s]), int(self.tokens[s])))
-            end += int(self.tokens[s])
-            while (len(keys) + 1) * block_size <= end:  # blocks whose last token lies in this segment
-                keys.append(hash((chain, len(keys))) & _MASK)
-        return np.asarray(keys, dtype=np.int64)
 
 
 def grouped(num_requests: int, prefix_len: int, num_groups: int, rng: np.random.Generator) -> Prefixes:

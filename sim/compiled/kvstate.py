@@ -1,0 +1,97 @@
+"""The KV cache's state as arrays, the same for both engines: what ``sim.compiled.kv``'s kernels read and write.
+
+A cache is a tuple ``kv = (kr, ks, table, entries, bits, seg_ids, seg_tokens, seg_offsets, scratch)``:
+- ``kr`` int64 ``[row, request]``: the blocks each request holds (``HELD``), and with prefix caching its leading
+  blocks looked at for caching (``REGISTERED``), its full blocks (``NKEYS``) and where its reference bits start
+  (``BITS_AT``); under disaggregation the tokens whose KV it brought (``PRESENT``);
+- ``ks`` int64: scalars (``USED`` ...), the counters of the prefix cache among them;
+- ``table``: the prefix cache's index, open addressing over block keys, each slot an entry or ``EMPTY``;
+- ``entries`` int64 ``[row, entry]``: one per cached block: its key, the requests referencing it, and its place in
+  the list of unreferenced cached blocks (least recently freed first, evicted first);
+- ``bits``: per request, one bit per full block: set where the request references the cached block (clear where its
+  block is private: nothing cached, or a copy of a block another request cached first);
+- ``seg_ids``, ``seg_tokens``, ``seg_offsets``: what the requests share (``sim.workload.prefixes.Prefixes``), from
+  which the block keys are computed;
+- ``scratch``: room for one request's entries (``sim.compiled.prefix.free``).
+
+A cache without prefix caching keeps the prefix arrays at one element each; nothing reads them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+KV = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]
+
+# rows of kr
+HELD, REGISTERED, NKEYS, BITS_AT, PRESENT = range(5)
+NUM_KR = 5
+# indices of ks
+USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, CACHING, TRANSFER, MASK = range(7)
+# the prefix cache: entries referenced and unreferenced, the list of unreferenced ones, the entries' free list
+CACHED, EVICTABLE, LRU_HEAD, LRU_TAIL, FREE_ENTRY = range(7, 12)
+# its counters over admissions (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens and in blocks)
+QUERY_TOKENS, HIT_TOKENS, QUERY_BLOCKS, HIT_BLOCKS, EVICTIONS = range(12, 17)
+SHIFT = 17  # log2(block_size) when it is a power of two (a shift divides faster), else -1
+NUM_KS = 18
+# rows of entries
+KEY, REFS, PREV, NEXT = range(4)
+EMPTY = -1  # a free slot of the table; the end of a list
+
+
+def make_kv(
+    num_blocks: int,
+    block_size: int,
+    num_requests: int,
+    watermark_blocks: int,
+    totals: IntArray | None = None,
+    segments: tuple[IntArray, IntArray, IntArray] | None = None,
+    present: IntArray | None = None,
+) -> KV:
+    """A fresh cache of ``num_blocks`` blocks of ``block_size`` tokens for ``num_requests`` requests. Prefix caching:
+    ``totals`` (each request's prompt + output tokens) and ``segments`` (ids, tokens, offsets; None: nothing shared).
+    Disaggregation's decode side: ``present`` (tokens of each request's KV that arrive with it)."""
+    caching = totals is not None
+    kr = np.zeros((NUM_KR if caching or present is not None else 1, num_requests), dtype=np.int64)
+    ks = np.zeros(NUM_KS, dtype=np.int64)
+    ks[NUM_BLOCKS], ks[BLOCK_SIZE], ks[WATERMARK] = num_blocks, block_size, watermark_blocks
+    ks[SHIFT] = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
+    ks[LRU_HEAD] = ks[LRU_TAIL] = EMPTY
+    one = np.zeros(1, dtype=np.int64)
+    table, entries, bits, scratch = one.copy(), np.zeros((4, 1), dtype=np.int64), one.copy(), one.copy()
+    seg_ids, seg_tokens, seg_offsets = one.copy(), one.copy(), one.copy()
+    if present is not None:
+        ks[TRANSFER] = 1
+        kr[PRESENT] = present
+    if caching:
+        assert totals is not None
+        ks[CACHING] = 1
+        kr[NKEYS] = totals // block_size
+        words = (kr[NKEYS] + 63) // 64
+        kr[BITS_AT] = np.cumsum(words) - words
+        bits = np.zeros(max(int(words.sum()), 1), dtype=np.int64)
+        size = 1 << max(4, int(2 * (num_blocks + 1)).bit_length())  # at most a quarter full: short probes
+        table = np.full(size, EMPTY, dtype=np.int64)
+        ks[MASK] = size - 1
+        entries = np.full((4, num_blocks + 1), EMPTY, dtype=np.int64)  # a cached block is a block: at most all
+        entries[NEXT, :-1] = np.arange(1, num_blocks + 1)  # the free list: every entry
+        entries[NEXT, -1] = EMPTY
+        ks[FREE_ENTRY] = 0
+        scratch = np.zeros(max(int(kr[NKEYS].max(initial=0)), 1), dtype=np.int64)
+        if segments is not None:
+            seg_ids, seg_tokens, seg_offsets = (np.array(a, dtype=np.int64) for a in segments)  # writable: one type
+        else:
+            seg_offsets = np.zeros(num_requests + 1, dtype=np.int64)
+    return kr, ks, table, entries, bits, seg_ids, seg_tokens, seg_offsets, scratch
+
+
+def grow_rows(kv: KV, num_requests: int) -> KV:
+    """The cache with room for ``num_requests`` requests (a live server learns them one by one); plain caches only."""
+    kr = kv[0]
+    if kv[1][CACHING]:
+        raise ValueError("a prefix cache knows its requests from the start; it cannot take more")
+    grown = np.zeros((kr.shape[0], num_requests), dtype=np.int64)
+    grown[:, : kr.shape[1]] = kr
+    return (grown, *kv[1:])
