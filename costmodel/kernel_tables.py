@@ -16,7 +16,8 @@ larger shape. What each table is:
   (log n, log k) between the measured sizes around it (held at the nearest outside them), in the weights' measured
   format (bf16 for bf16 and fp16 models; fp8 per-tensor, fp8 block-scaled, NVFP4, and on an A100 TensorRT-LLM's
   int8/int4 weight-only and SmoothQuant kernels, as quantized); the LM head (``T_LM``) likewise, in the activations'
-  format, over log S. MoE experts keep the roofline (their tables are not read);
+  format, over log S; the routed experts (``T_MOE``) and MLA's attention block, from their own tables
+  (``costmodel.moe_tables``);
 - prefill attention (``T_PREFILL``) over (log prompts, log prompt length) and decode attention (``T_DECODE``) over
   (log sequences, log tokens attended by them all: the KV cache read, whose size decides whether the measurements
   were served from the L2 cache), at the model's heads per GPU and head size with the KV cache's format (bf16, fp8),
@@ -55,15 +56,6 @@ W8A8_INT8 = "sq"  # SmoothQuant: int8 weights and activations
 KV_DTYPES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8"}
 ELEMENT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0}
 GEMMS = {f.T_QKV: "qkv_proj", f.T_O: "o_proj", f.T_UP: "mlp_gate_up", f.T_DOWN: "mlp_down", f.T_LM: "lm_head"}
-# ferry's stored format of the routed experts -> the database's ``moe_dtype`` (vLLM's fused MoE kernels)
-MOE_DTYPES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block",
-              "nvfp4": "nvfp4", "mxfp4": "w4a16_mxfp4", "int4": "int4_wo"}  # fmt: skip
-# the routing whose measurements time the routed experts: the database's power-law rows with alpha 1.01, the skew
-# NVIDIA's planner assumes of a real router (aiconfigurator-core 0.12.0, ``sdk/models/*.py``: ``power_law_alpha``
-# 1.01), slower than its balanced rows on large batches (GPT-OSS-120B on an H100 at 8192 tokens: 3.97 ms against
-# 2.93) and faster on small ones (fewer experts hit); outside the measured tokens the roofline's expected-expert count
-# (uniform routing) carries the factor on
-MOE_DISTRIBUTION = "power_law_1.01"
 # the row of ``kernel_params`` (``formulas.KERNELS`` order) each table's kernel has
 ROW = {name: i for i, (name, _, _, _, _) in enumerate(f.KERNELS)}
 
@@ -225,104 +217,6 @@ def allreduce_factors(rows: pd.DataFrame, tp: int, consts: FloatArray) -> tuple[
     return np.log(message[keep]), np.log(sel["latency_s"].to_numpy()[keep] / roof[keep])
 
 
-def moe_factors(
-    ref: KernelTables,
-    spec: ModelSpec,
-    consts: FloatArray,
-    kernel_params: FloatArray,
-    expert_format: str,
-    a: float,
-    root: Path,
-) -> tuple[FloatArray, FloatArray] | str:
-    """(log tokens into the MoE layer, log factor) of the routed experts (vLLM's ``fused_experts``: gate/up, activation
-    and down over the rows routed to this GPU's experts), from the database's ``moe_perf`` rows of exactly this model's
-    shape (hidden size, expert width, top-k, experts) split as this layout splits it (``moe_tp_size``,
-    ``moe_ep_size``), stored format and routing (``MOE_DISTRIBUTION``); why not, as a phrase, when there are none."""
-    fmt = MOE_DTYPES.get(expert_format)
-    version = kerneldb.table_version(ref.system, "moe_perf", ref.framework, ref.version, root)
-    if fmt is None or version is None:
-        return f"no {expert_format} MoE table"
-    rows = kerneldb.read(ref.system, "moe_perf", ref.framework, version, root)
-    moe_tp = round(spec.expert_size / consts[f.MOE_I])
-    ep = round(spec.num_local_experts / consts[f.E_LOCAL]) if consts[f.E_LOCAL] < spec.num_local_experts else 1
-    sel = rows[(rows["moe_dtype"] == fmt) & (rows["hidden_size"] == spec.hidden_size)
-               & (rows["inter_size"] == spec.expert_size) & (rows["topk"] == spec.num_experts_per_tok)
-               & (rows["num_experts"] == spec.num_local_experts) & (rows["moe_tp_size"] == moe_tp)
-               & (rows["moe_ep_size"] == ep) & (rows["distribution"] == MOE_DISTRIBUTION)]  # fmt: skip
-    if sel.empty:
-        return (f"{spec.hidden_size}x{spec.expert_size} x{spec.num_local_experts} top-{spec.num_experts_per_tok} "
-                f"{fmt} at moe_tp={moe_tp}, ep={ep} not measured")  # fmt: skip
-    sel = sel.sort_values("num_tokens")
-    tokens = sel["num_tokens"].to_numpy(float)
-    t = tokens / consts[f.MOE_TOKENS]
-    roof = np.array([roofline_s(kernel_params[ROW["moe_experts"]], *map(np.array, _work(
-        consts, "moe_experts", x, x, 0.0, x, 0.0, 0.0, 0.0))) for x in t])  # fmt: skip
-    return np.log(tokens), np.log(sel["latency_s"].to_numpy() / roof)
-
-
-# the other kernels of MLA's attention block (``costmodel.work``), which the database's MLA module tables time with it
-MLA_MODULE = {False: ("qkv_proj", "rope", "mla_kv_up", "o_proj"), True: ("qkv_proj", "rope", "mla_absorb", "o_proj")}
-MLA_MODULE_TABLES = {False: "mla_context_module_perf", True: "mla_generation_module_perf"}
-# the least share of a module's measured time its attention kernel is given when the other kernels' rooflines take
-# (nearly) all of it
-MLA_FLOOR_SHARE = 0.2
-
-
-def mla_factors(
-    ref: KernelTables,
-    decode: bool,
-    heads: int,
-    dtypes: Dtypes,
-    compute_formats: dict[str, str] | None,
-    consts: FloatArray,
-    kernel_params: FloatArray,
-    root: Path,
-) -> tuple[FloatArray, FloatArray, FloatArray] | str:
-    """(log sequences, log tokens, log factor) of MLA's prefill (``decode=False``) or decode attention from the
-    database's MLA module tables (``mla/mla_context_module_perf``: ``batch_size`` prompts of ``isl`` tokens;
-    ``mla_generation_module_perf``: ``batch_size`` sequences at context ``step``), which time the whole attention
-    block of DeepSeek-V3's shape on one GPU (``num_heads`` per GPU): its projections, RoPE, the latent's expansion
-    (prefill) or absorption (decode), the attention and the output projection. The attention kernel is given what
-    the module measured less the other kernels' rooflines (at least ``MLA_FLOOR_SHARE`` of its own roofline), as a
-    factor over its roofline; the rows are those of this GPU's heads (the nearest measured otherwise), the KV cache's
-    format and the attention weights' GEMM format. Why not, as a phrase, when there are none."""
-    name = MLA_MODULE_TABLES[decode]
-    version = kerneldb.table_version(ref.system, name, ref.framework, ref.version, root)
-    if version is None:
-        return "no MLA module table"
-    rows = kerneldb.read(ref.system, name, ref.framework, version, root)
-    gemm = GEMM_DTYPES.get((compute_formats or {}).get("qkv_proj", dtypes.activation), "bfloat16")
-    kv = KV_DTYPES.get(dtypes.kv_cache)
-    rows = rows[(rows["kv_cache_dtype"] == kv) & (rows["gemm_type"] == gemm)]
-    if rows.empty:
-        return f"no MLA module table for a {dtypes.kv_cache} KV cache and {gemm} GEMMs"
-    measured = np.unique(rows["num_heads"].to_numpy())
-    nearest = int(measured[np.argmin(np.abs(np.log2(measured / heads)))])
-    sel = rows[rows["num_heads"] == nearest]
-    b = sel["batch_size"].to_numpy(float)
-    length = sel["step"].to_numpy(float) + 1.0 if decode else sel["isl"].to_numpy(float)
-    kernel = "attention_decode" if decode else "attention_prefill"
-    factor = np.empty(len(sel))
-    for i, (seqs, tokens) in enumerate(zip(b, length, strict=True)):
-        if decode:  # seqs sequences attending ``tokens`` each
-            sums = (seqs, 0.0, seqs, seqs, 0.0, 0.0, seqs * tokens)
-        else:  # seqs prompts of ``tokens`` each, nothing cached
-            sums = (seqs * tokens, seqs * tokens, 0.0, seqs, seqs * tokens * (tokens + 1) / 2, seqs * tokens, 0.0)
-        work = f.kernel_work(consts, *sums)
-        roof = {}
-        for k in (kernel, *MLA_MODULE[decode]):
-            row = ROW[k]
-            roof[k] = float(roofline_s(kernel_params[row], np.array(work[2 * row]), np.array(work[2 * row + 1])))
-        other = sum(roof[k] for k in MLA_MODULE[decode])
-        own = max(float(sel["latency_s"].iloc[i]) - other, MLA_FLOOR_SHARE * roof[kernel])
-        factor[i] = math.log(own / roof[kernel])
-    along = b * length if decode else length  # decode: the tokens all sequences attend (as the attention tables)
-    xs, ys = np.unique(b), np.unique(along)
-    grid = np.full((len(xs), len(ys)), np.nan)
-    grid[np.searchsorted(xs, b), np.searchsorted(ys, along)] = factor
-    return np.log(xs), np.log(ys), _fill(grid, np.log(ys))
-
-
 # ---- every table of one cost model -------------------------------------------------------------------------------
 
 
@@ -391,6 +285,8 @@ def build(
     shapes are this GPU's, as ``consts`` has them (``costmodel.layout``), each in its part's stored format
     (``part_formats``; ``compute_formats``: the format each GEMM kernel multiplies in); ValueError when the package
     cannot be read (the caller falls back to the curves)."""
+    from costmodel import moe_tables  # (it reads this module's helpers)
+
     missing = kerneldb.unavailable(ref.package_version) if root is None else None
     if missing:
         raise ValueError(missing)
@@ -435,7 +331,7 @@ def build(
                                 (f.T_DECODE, "generation_attention_perf", True)):  # fmt: skip
         kernel = "attention_decode" if decode else "attention_prefill"
         if spec.is_mla:
-            mla = mla_factors(ref, decode, q, dtypes, compute_formats, consts, kernel_params, root)
+            mla = moe_tables.mla_factors(ref, decode, q, dtypes, compute_formats, consts, kernel_params, root)
             if isinstance(mla, str):
                 notes.append(f"{kernel}: {mla}, timed by the roofline")
             else:
@@ -459,7 +355,7 @@ def build(
 
     if spec.is_moe:
         expert_format = part_formats["experts"] if part_formats else dtypes.weight
-        moe = moe_factors(ref, spec, consts, kernel_params, expert_format, dtypes.activation_bytes, root)
+        moe = moe_tables.moe_factors(ref, spec, consts, kernel_params, expert_format, root)
         if isinstance(moe, str):
             notes.append(f"moe_experts: {moe}, timed by the roofline")
         else:

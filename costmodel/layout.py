@@ -107,14 +107,10 @@ def check(model: ModelSpec, par: Parallelism, formats: dict[str, str]) -> None:
     """Refuse a layout vLLM refuses, in one line naming the flag and the model's field."""
     name = model.name
     if model.num_attention_heads % par.tp:
-        raise ValueError(
-            f"tensor_parallel_size={par.tp} does not divide {name}'s num_attention_heads={model.num_attention_heads}"
-        )
+        raise ValueError(f"tp={par.tp} does not divide {name}'s num_attention_heads={model.num_attention_heads}")
     nkv = model.num_key_value_heads
     if not model.is_mla and nkv % par.tp and par.tp % nkv:
-        raise ValueError(
-            f"tensor_parallel_size={par.tp} and {name}'s num_key_value_heads={nkv}: neither divides the other"
-        )
+        raise ValueError(f"tp={par.tp} and {name}'s num_key_value_heads={nkv}: neither divides the other")
     if par.pp > model.num_hidden_layers:
         raise ValueError(
             f"pipeline_parallel_size={par.pp} is more than {name}'s num_hidden_layers={model.num_hidden_layers}"
