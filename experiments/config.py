@@ -23,141 +23,22 @@ from pydantic import (
 )
 
 from costmodel.engines import get_engine
+from costmodel.layout import Parallelism
 from experiments.config_file import read_mapping
 from experiments.disagg_config import Disaggregation, check_disaggregation
+from experiments.workload_config import (  # noqa: F401  (importable from here, as before)
+    MAX_HORIZON_S,
+    MAX_NUM_PROMPTS,
+    SYNTHETIC_ONLY,
+    TRACE_ONLY,
+    WorkloadConfig,
+    changed_fields,
+    show,
+)
 from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number, SchedulerConfig
 from policies.vllm_defaults import LATEST, OLDEST, release_in_force
-from sim.workload import FORMATS, LengthSpec, parse_length_spec
-
-MAX_NUM_PROMPTS = 20_000_000  # requests in one run: ~20 GB of request columns and records; split larger workloads
-MAX_HORIZON_S = 1e9  # the last arrival of a workload (s, ~32 years): beyond it clocks lose their resolution
-
-
-class WorkloadConfig(BaseModel):
-    """Where requests come from: ``trace`` if given, else synthetic."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trace: Path | None = Field(None, description="trace file to replay (see trace_format)")
-    trace_format: str = Field("auto", description=f"one of {', '.join(FORMATS)}")
-    trace_time_scale: Number = Field(1.0, gt=0, description="replay speed-up: arrivals are divided by this")
-    num_prompts: StrictInt | None = Field(
-        None, ge=1, description="requests to generate (default 1000), or the first N of the trace (default all)"
-    )
-    sort_trace: StrictBool = Field(False, description="sort the trace by arrival time (stable) instead of refusing it")
-    request_rate: Number = Field(math.inf, gt=0, description="synthetic: requests per second (inf: all at t=0)")
-    burstiness: Number = Field(1.0, gt=0, description="synthetic: gamma shape of inter-arrival times (1 = Poisson)")
-    lengths_from: Path | None = Field(
-        None,
-        description="synthetic: resample (prompt, output) pairs jointly from this file (a trace, or a lengths CSV "
-        "such as ShareGPT's num_prefill_tokens,num_decode_tokens) instead of input_len/output_len",
-    )
-    lengths_max_total: StrictInt | None = Field(
-        None, ge=2, description="with lengths_from: drop rows whose prompt + output exceeds this (tokens)"
-    )
-    input_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(1024))
-    output_len: LengthSpec = Field(default_factory=lambda: parse_length_spec(128))
-    seed: StrictInt = Field(0, ge=0, description="seed of the numpy Generator that draws the synthetic workload")
-    prefix_len: StrictInt = Field(
-        0, ge=0, description="synthetic: tokens of a shared prompt each request starts with (added to input_len)"
-    )
-    num_prefix_groups: StrictInt = Field(
-        1, ge=1, description="synthetic: distinct shared prompts of prefix_len tokens, one drawn per request"
-    )
-    turns: StrictInt = Field(
-        1,
-        ge=1,
-        le=1000,
-        description="synthetic: turns of each conversation (num_prompts conversations); a turn's prompt is the "
-        "conversation so far plus a new message of input_len tokens",
-    )
-    think_time_s: Number = Field(
-        0.0, ge=0, description="synthetic, turns > 1: mean seconds (exponential) between an answer and the next turn"
-    )
-
-    @field_validator("input_len", "output_len", mode="before")
-    @classmethod
-    def _length(cls, value: Any) -> Any:
-        return parse_length_spec(value)
-
-    @field_validator("num_prompts")
-    @classmethod
-    def _num_prompts(cls, value: int | None) -> int | None:
-        if value is not None and value > MAX_NUM_PROMPTS:
-            raise ValueError(
-                f"{value:,} requests are more than ferry simulates in one run (at most {MAX_NUM_PROMPTS:,}, about 20 "
-                "GB of request columns and records); split the workload"
-            )
-        return value
-
-    @field_validator("trace_format")
-    @classmethod
-    def _format(cls, value: str) -> str:
-        if value not in FORMATS:
-            raise ValueError(f"unknown trace format {value!r}; choose one of {', '.join(FORMATS)}")
-        return value
-
-    @model_validator(mode="after")
-    def _check(self) -> WorkloadConfig:
-        changed = changed_fields(self)
-        if self.trace is not None:
-            ignored = sorted(k for k in changed if k in SYNTHETIC_ONLY)
-            if ignored:
-                raise ValueError(
-                    f"{', '.join(f'{k}={show(getattr(self, k))}' for k in ignored)}: synthetic-workload "
-                    "setting(s) that --trace ignores (a trace brings its arrivals and lengths; --trace-time-scale "
-                    "speeds it up, --num-prompts takes its first N)"
-                )
-        else:
-            ignored = sorted(k for k in changed if k in TRACE_ONLY)
-            if ignored:
-                raise ValueError(f"{', '.join(ignored)}: setting(s) of a trace replay, given without --trace")
-            if "think_time_s" in changed and self.turns == 1:
-                raise ValueError(
-                    f"think_time_s={show(self.think_time_s)} is the pause between the turns of a conversation; give "
-                    "--turns 2 or more (each request is one turn without it)"
-                )
-            if "num_prefix_groups" in changed and self.prefix_len == 0:
-                raise ValueError(
-                    f"num_prefix_groups={self.num_prefix_groups} counts shared prompts of --prefix-len tokens; give "
-                    "--prefix-len (no request shares a prefix without it)"
-                )
-            if self.lengths_max_total is not None and self.lengths_from is None:
-                raise ValueError(
-                    f"lengths_max_total={self.lengths_max_total} filters the rows of --lengths-from, which is not given"
-                )
-            if math.isfinite(self.request_rate):
-                n = self.num_prompts if self.num_prompts is not None else 1000
-                if n / self.request_rate > MAX_HORIZON_S:
-                    raise ValueError(
-                        f"request_rate={self.request_rate:g} spreads {n:,} requests over {n / self.request_rate:.3g} "
-                        f"s, past what ferry simulates ({MAX_HORIZON_S:.0e} s, about 32 years); raise --request-rate"
-                    )
-        return self
-
-
-def show(value: Any) -> str:
-    """A setting as a user writes it: a length spec as its text, a number plainly, anything else as repr."""
-    if hasattr(value, "text"):  # a length spec
-        return str(value.text())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:g}"
-    if isinstance(value, Path):
-        return str(value)
-    return repr(value)
-
-
-def changed_fields(model: BaseModel) -> list[str]:
-    """Fields given to ``model`` with a value other than their default (a resolved config written back, as
-    ``summary.json`` holds it, gives every field, most of them at their defaults)."""
-    fields = type(model).model_fields
-    return [k for k in model.model_fields_set if getattr(model, k) != fields[k].get_default(call_default_factory=True)]
-
 
 RUN_SETTINGS_READ_BY_POLICY = ("kv_watermark", "vllm_defaults", "enable_prefix_caching")
-SYNTHETIC_ONLY = ("request_rate", "burstiness", "lengths_from", "lengths_max_total", "input_len", "output_len", "seed",
-                  "prefix_len", "num_prefix_groups", "turns", "think_time_s")  # fmt: skip
-TRACE_ONLY = ("trace_format", "trace_time_scale", "sort_trace")
 
 
 class RunConfig(BaseModel):
@@ -173,6 +54,19 @@ class RunConfig(BaseModel):
         "hwprofiles/engines.yaml (vllm-v1, trt-llm, vllm-v0, eager); None: the profile's own",
     )
     tensor_parallel_size: StrictInt = Field(1, ge=1, description="GPUs the replica's tensors are split over")
+    pipeline_parallel_size: StrictInt = Field(
+        1, ge=1, le=64, description="pipeline stages the replica's layers are split over (vLLM's -pp)"
+    )
+    data_parallel_size: StrictInt = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="data-parallel ranks of each replica (vLLM's -dp): engines of their own, each a replica of the "
+        "cluster behind the router; an MoE model's MoE layers span all of them",
+    )
+    enable_expert_parallel: StrictBool = Field(
+        False, description="MoE layers hold whole experts, spread over tensor x data-parallel GPUs (vLLM's flag)"
+    )
     dtype: str = Field("auto", description="weights and activations: auto (config's torch_dtype), bf16, fp16, fp32")
     kv_cache_dtype: str = Field("auto", description="KV cache: auto (= dtype) or fp8, ...")
     quantization: str | None = Field(None, description="weight quantization: fp8, int8, int4 (None: dtype)")
@@ -276,6 +170,28 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _parallel(self) -> RunConfig:
+        """Refuse a data-parallel layout ferry does not model with clusters of other kinds, and expert parallelism
+        over one GPU (vLLM ignores it there: ``FusedMoEParallelConfig.make`` needs tp x dp > 1)."""
+        if self.data_parallel_size > 1 and (self.replica_groups or self.disaggregation is not None):
+            kind = "replica_groups" if self.replica_groups else "disaggregation"
+            raise ValueError(
+                f"data_parallel_size={self.data_parallel_size} with {kind}: not modelled; give data-parallel ranks to "
+                "a cluster of one kind of replica (--replicas)"
+            )
+        if self.pipeline_parallel_size > 1 and self.disaggregation is not None:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} with disaggregation: not modelled (the pools' "
+                "KV transfers and GPUs count tensor parallelism only)"
+            )
+        if self.enable_expert_parallel and self.tensor_parallel_size * self.data_parallel_size == 1:
+            raise ValueError(
+                "enable_expert_parallel spreads the experts over tensor x data-parallel GPUs, and there is one; give "
+                "--tensor-parallel-size or --data-parallel-size above 1, or leave it out"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _cluster(self) -> RunConfig:
         """A router, or its seed, set for one replica would be ignored: refuse it; an unknown router's name fails
         here, before any work."""
@@ -307,10 +223,20 @@ class RunConfig(BaseModel):
 
     @property
     def num_replicas(self) -> int:
-        """Replicas of the run: ``replicas``, or the groups' counts added up."""
+        """Replicas of the run: ``replicas``, or the groups' counts added up; each data-parallel rank is one."""
         if self.replica_groups:
-            return sum(int(g.get("count", 1)) for g in self.replica_groups)
-        return self.replicas
+            return sum(int(g.get("count", 1)) for g in self.replica_groups) * self.data_parallel_size
+        return self.replicas * self.data_parallel_size
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The replica's parallel layout, as vLLM's flags set it."""
+        return Parallelism(
+            tp=self.tensor_parallel_size,
+            pp=self.pipeline_parallel_size,
+            dp=self.data_parallel_size,
+            expert_parallel=self.enable_expert_parallel,
+        )
 
     def pool_config(self, role: str) -> RunConfig:
         """The config of one replica of the disaggregated pool ``role`` (prefill or decode)."""
@@ -377,6 +303,10 @@ class RunConfig(BaseModel):
                 workload[key]["path"] = str(Path(workload[key]["path"]).resolve())
         if data.get("engine_overheads") is None:  # written when set: older configs (and sweep hashes) stay as they were
             data.pop("engine_overheads", None)
+        layout_defaults = (("pipeline_parallel_size", 1), ("data_parallel_size", 1), ("enable_expert_parallel", False))
+        for key, default in layout_defaults:
+            if data.get(key) == default:  # the same: written only when set
+                data.pop(key, None)
         for key in ("model", "hardware"):  # a path to a config.json or a profile, not a built-in name
             if Path(data[key]).suffix in (".json", ".yaml", ".yml") and Path(data[key]).exists():
                 data[key] = str(Path(data[key]).resolve())
@@ -385,7 +315,7 @@ class RunConfig(BaseModel):
 
 # run-wide fields a replica group may not set (the model, the workload and the run's own settings)
 _NOT_PER_REPLICA = ("model", "workload", "replicas", "router", "router_seed", "replica_groups", "goodput", "engine",
-                    "itl", "record_batches", "stream", "disaggregation")  # fmt: skip
+                    "itl", "record_batches", "stream", "disaggregation", "data_parallel_size")  # fmt: skip
 
 
 def _finite(value: Any) -> Any:

@@ -94,7 +94,7 @@ def resolve(config: RunConfig, model: ModelSpec, hardware: HardwareProfile) -> t
             memory_gib=hardware.memory_capacity_gib.value,
             device_name=f"{hardware.name} {hardware.description}",
             max_model_len=max_len,
-            world_size=config.tensor_parallel_size,
+            world_size=config.tensor_parallel_size * config.pipeline_parallel_size,
             cpu=settings.get("device", "").startswith("cpu"),
             mix_prefill_decode=sched.mix_prefill_decode,
         )
@@ -162,7 +162,7 @@ class Replica:
         records.request_ids = workload.request_id
         if cluster is not None:
             cluster.request_ids = workload.request_id
-            gpus = gpus or [self.config.tensor_parallel_size] * len(cluster.replicas)
+            gpus = gpus or [self.config.parallelism.gpus_per_rank] * len(cluster.replicas)
             summary = summarize_cluster(cluster, self.config.goodput, gpus, detail)
         else:
             summary = summarize(records, self.config.goodput)
@@ -187,7 +187,7 @@ def build_replica(config: RunConfig) -> Replica:
     cost = CostModel(
         model,
         hardware,
-        tp=config.tensor_parallel_size,
+        parallel=config.parallelism,
         dtype=None if config.dtype == "auto" else config.dtype,
         kv_cache_dtype=None if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
         quantization=config.quantization,

@@ -91,7 +91,7 @@ def run_simulation(
     if timings is not None:
         timings["simulate_s"] = time.perf_counter() - started
     each = [m for m, count in members for _ in range(count)]  # the replicas in order
-    gpus = [m.config.tensor_parallel_size for m in each]
+    gpus = [m.config.parallelism.gpus_per_rank for m in each]  # a data-parallel rank is a replica of its own
     result = replica.result(workload, records, cluster=cluster, detail=detail, gpus=gpus)
     if cluster is not None:
         result.summary["hardware"] = " + ".join(f"{m.hardware.name} x{count}" for m, count in members)
@@ -114,7 +114,7 @@ def run_simulation(
 def cluster_members(config: RunConfig, replica: Replica) -> list[tuple[Replica, int]]:
     """The replicas of a run and how many of each: ``config.replicas`` of ``replica``, or one built per group."""
     if not config.replica_groups:
-        return [(replica, config.replicas)]
+        return [(replica, config.replicas * config.data_parallel_size)]  # each data-parallel rank a replica
     return [
         (build_replica(config.group_config(k)), int(g.get("count", 1))) for k, g in enumerate(config.replica_groups)
     ]

@@ -88,15 +88,30 @@ def _kv_cache(mem: dict[str, Any]) -> str:
             f"({mem['kv_cache_bytes'] / 2**30:.1f} GiB/GPU)")  # fmt: skip
 
 
+def _layout(cfg: dict[str, Any]) -> str:
+    """A replica's parallel layout in short: "TP 8", "TP 8, PP 2", "TP 1, DP 8, EP"."""
+    text = f"TP {cfg['tensor_parallel_size']}"
+    if cfg.get("pipeline_parallel_size", 1) > 1:
+        text += f", PP {cfg['pipeline_parallel_size']}"
+    if cfg.get("data_parallel_size", 1) > 1:
+        text += f", DP {cfg['data_parallel_size']}"
+    return text + (", EP" if cfg.get("enable_expert_parallel") else "")
+
+
 def _placement(s: dict[str, Any], engine: str) -> str:
-    """What ran where: the model, the device, tensor parallelism and, for a cluster, its replicas and GPUs."""
+    """What ran where: the model, the device, the parallel layout and, for a cluster, its replicas and GPUs."""
     cfg = s["config"]
     if "pools" in s:  # disaggregated: each pool is described below
         return f"{s['model']} on {s['hardware']}"
     replicas, tp = int(s.get("num_replicas", 1)), cfg["tensor_parallel_size"]
+    dp = cfg.get("data_parallel_size", 1)
     if replicas == 1:
-        return f"{s['model']} on {s['hardware']}, TP {tp}{engine}"
+        return f"{s['model']} on {s['hardware']}, {_layout(cfg)}{engine}"
     gpus = s.get("num_gpus", replicas * tp)
+    if dp > 1:
+        device = str(s["hardware"]).rsplit(" x", 1)[0]
+        ranks = f"{replicas // dp} x {dp} data-parallel ranks" if replicas > dp else f"{dp} data-parallel ranks"
+        return f"{s['model']} on {device}, {_layout(cfg)}: {ranks} ({gpus} GPUs){engine}"
     if s.get("replica_groups"):  # each group says its device and TP below
         return f"{s['model']} on {replicas} replicas ({s['hardware']}), {gpus} GPUs{engine}"
     device = str(s["hardware"]).rsplit(" x", 1)[0]
@@ -118,7 +133,11 @@ def format_summary(s: dict[str, Any]) -> str:
         ("Workload", s["workload"]),
         ("KV cache per replica", _kv_cache(mem)),
         ("Weights per GPU (GiB)", mem["weight_bytes_per_gpu"] / 2**30),
+        ("KV bytes per token per GPU", mem["kv_bytes_per_token"]),
     ]
+    pp = cfg.get("pipeline_parallel_size", 1)
+    if pp > 1:  # ferry's pipeline runs one batch through every stage in turn (the README's semantics table)
+        replica_rows.append(("Pipeline", f"{pp} stages, one batch in flight: a GPU busy 1/{pp} of it"))
     if groups:  # each group says its own device and limits
         replica_rows = [("Model / hardware", f"{s['model']} on {s['hardware']}"), ("Workload", s["workload"])]
         for k, g in enumerate(groups):
@@ -169,6 +188,7 @@ def format_summary(s: dict[str, Any]) -> str:
     rows += [
         "Batching",
         ("Iterations", s["num_iterations"]),
+        ("Mean iteration time (ms)", 1e3 * s["gpu_busy_s"] / s["num_iterations"] if s["num_iterations"] else None),
         ("Mean batch size (seqs)", s["mean_batch_size"]),
         ("Mean tokens per iteration", s["mean_tokens_per_iteration"]),
         ("GPU idle (s)", s["gpu_idle_s"]),

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="the fewest GPUs (kind, TP, settings, replicas) that serve a workload within an SLO, and their cost",
-        description="For each candidate replica (every --hardware x --tensor-parallel-size x --policy x batching "
+        description="For each candidate replica (every --hardware x parallel layout (--tensor-parallel-size x "
+        "--pipeline-parallel-size x --data-parallel-size x --enable-expert-parallel) x --policy x batching "
         "setting), find the fewest replicas behind --router whose simulated cluster meets the SLO at the workload's "
         "rate; print them ranked by cost, write plan.json (every candidate, with why one was dropped) and plan.png "
         "(GPUs needed against request rate for the best candidate of each of up to three GPU kinds).",
@@ -50,6 +51,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("candidates (comma-separated lists)")
     g.add_argument("--hardware", default="h100-sxm", help="GPU profiles (h100-sxm)")
     g.add_argument("--tensor-parallel-size", "-tp", default="1", help="TP degrees (1)")
+    g.add_argument("--pipeline-parallel-size", "-pp", default="1", help="pipeline stages (1)")
+    g.add_argument(
+        "--data-parallel-size", "-dp", default="1", help="data-parallel ranks per replica, MoE layers spanning them (1)"
+    )
+    g.add_argument(
+        "--enable-expert-parallel",
+        nargs="?",
+        const="on",
+        default="off",
+        metavar="off,on",
+        help="MoE models: whole experts per GPU over tensor x data-parallel GPUs; alone: on; off,on: both (off)",
+    )
     g.add_argument("--policy", default="chunked", help="batching policies (chunked)")
     g.add_argument("--max-num-seqs", default=None, help="values to try (default: vLLM's for each device)")
     g.add_argument("--max-num-batched-tokens", default=None, help="values to try (default: vLLM's)")
@@ -113,14 +126,30 @@ def candidates(args: argparse.Namespace) -> list[Any]:
             f"--disagg-ratios {args.disagg_ratios}: disaggregated pools run {' or '.join(ITERATION_LIMITED)} "
             f"batching; --policy {args.policy} has none of them"
         )
-    for hw, tp, policy in itertools.product(_list(args.hardware, str, "--hardware"),
-                                            _list(args.tensor_parallel_size, int, "--tensor-parallel-size"),
-                                            policy_names):  # fmt: skip
+    for hw, layout, policy in itertools.product(_list(args.hardware, str, "--hardware"), layouts(args),
+                                                policy_names):  # fmt: skip
         limits = list(itertools.product(seqs, tokens)) if policy in ITERATION_LIMITED else [(None, None)]
-        out += [Candidate(hw, tp, policy, s, t) for s, t in limits]
-        if policy in ITERATION_LIMITED:
-            out += [Candidate(hw, tp, policy, s, t, pd) for s, t in limits for pd in ratios]
+        out += [Candidate(hw, layout[0], policy, s, t, None, *layout[1:]) for s, t in limits]
+        if policy in ITERATION_LIMITED and layout[2] == 1:  # disaggregated pools of data-parallel ranks: not modelled
+            out += [Candidate(hw, layout[0], policy, s, t, pd, *layout[1:]) for s, t in limits for pd in ratios]
     return list(dict.fromkeys(out))
+
+
+def layouts(args: argparse.Namespace) -> list[tuple[int, int, int, bool]]:
+    """(tp, pp, dp, expert parallel) of every layout the lists give; expert parallelism only where tensor x data
+    parallelism gives it more than one GPU (vLLM ignores it on one)."""
+    ep_modes = _list(args.enable_expert_parallel, str, "--enable-expert-parallel")
+    if any(m not in ("off", "on") for m in ep_modes):
+        raise ValueError(f"--enable-expert-parallel {args.enable_expert_parallel!r}: expected off, on or off,on")
+    out = []
+    for tp, pp, dp, mode in itertools.product(_list(args.tensor_parallel_size, int, "--tensor-parallel-size"),
+                                              _list(args.pipeline_parallel_size, int, "--pipeline-parallel-size"),
+                                              _list(args.data_parallel_size, int, "--data-parallel-size"),
+                                              ep_modes):  # fmt: skip
+        if mode == "on" and tp * dp == 1 and len(ep_modes) > 1:
+            continue
+        out.append((tp, pp, dp, mode == "on"))
+    return out
 
 
 def check_candidates(todo: list[Any], base: Any, args: argparse.Namespace) -> None:
@@ -135,6 +164,8 @@ def check_candidates(todo: list[Any], base: Any, args: argparse.Namespace) -> No
     from policies.routing import router_names
 
     for flag, name, kind in (("--tensor-parallel-size", "tensor_parallel_size", int),
+                             ("--pipeline-parallel-size", "pipeline_parallel_size", int),
+                             ("--data-parallel-size", "data_parallel_size", int),
                              ("--max-num-seqs", "max_num_seqs", int),
                              ("--max-num-batched-tokens", "max_num_batched_tokens", int)):  # fmt: skip
         for value in _list(getattr(args, name), kind, flag):
@@ -265,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan, indent=2, default=_jsonable))
     else:
-        print(report.table(results, prices, slo))
+        print(report.table(results, prices, slo, base.model))
         print(f"\nsearched {len(todo)} candidates in {elapsed:.1f} s; wrote {', '.join(str(p) for p in written)}")
     return 0
 

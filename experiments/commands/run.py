@@ -59,6 +59,22 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         "(hwprofiles/engines.yaml)",
     )
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=S, help="GPUs per replica (default 1)")
+    g.add_argument(
+        "--pipeline-parallel-size", "-pp", type=int, default=S, help="pipeline stages per replica (default 1)"
+    )
+    g.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=S,
+        help="data-parallel ranks, each an engine of its own behind the router; MoE layers span them (default 1)",
+    )
+    g.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        default=S,
+        help="MoE: whole experts per GPU over tensor x data-parallel GPUs, not each expert split",
+    )
     g.add_argument("--dtype", default=S, help="auto (the config's torch_dtype), bfloat16, float16, float32")
     g.add_argument("--kv-cache-dtype", default=S, help="auto (= dtype) or fp8")
     g.add_argument("--quantization", default=S, help="weight quantization: fp8, int8, int4")

@@ -151,8 +151,8 @@ def serve(
     torch = K.require_torch()
     if threads:
         torch.set_num_threads(threads)
-    if config.tensor_parallel_size != 1:
-        raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1")
+    if config.tensor_parallel_size != 1 or config.pipeline_parallel_size != 1:
+        raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1, no pipeline stages")
     if config.enable_prefix_caching:
         raise ValueError("the real executor keeps each sequence's own KV: no --enable-prefix-caching")
     if config.disaggregation is not None or config.num_replicas != 1:

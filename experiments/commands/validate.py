@@ -121,8 +121,8 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
         threads = int(calibration_setting(hardware, "threads") or 0)
     if threads:
         torch.set_num_threads(threads)
-    if config.tensor_parallel_size != 1:
-        raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1")
+    if config.tensor_parallel_size != 1 or config.pipeline_parallel_size != 1:
+        raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1, no pipeline stages")
     if config.quantization is not None or config.kv_cache_dtype != "auto":
         raise ValueError("the real executor keeps weights and KV cache in --dtype: no quantization or kv_cache_dtype")
     if config.disaggregation is not None or config.num_replicas != 1:

@@ -53,17 +53,19 @@ def best_per_kind(ranked_results: list[CandidateResult]) -> list[CandidateResult
     return out
 
 
-def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) -> str:
-    """The ranked table, then the dropped candidates with their reasons."""
+def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO, model: str = "MODEL") -> str:
+    """The ranked table, the best candidate as `vllm serve`'s flags, then the dropped candidates with their
+    reasons."""
     best = ranked(results, prices)
     keys = list(slo.limits)
-    head = ["#", "GPUs", "GPU", "TP", "replicas", "settings", *[_short(k) for k in keys], "$/h", "goodput/GPU",
-            "$/M out tok"]  # fmt: skip
+    layouts = any(r.candidate.layout() for r in results)  # a column of pipeline/data/expert parallelism when tried
+    head = ["#", "GPUs", "GPU", "TP", *(["layout"] if layouts else []), "replicas", "settings",
+            *[_short(k) for k in keys], "$/h", "goodput/GPU", "$/M out tok"]  # fmt: skip
+    settings_column = head.index("settings")
     rows = [head]
     for i, r in enumerate(best, 1):
         money = economics(r, prices)
         c = r.candidate
-        settings = c.label().split(" ", 2)[2]
         slo_cells = [f"{r.achieved.get(k, float('nan')):,.0f} ({r.headroom.get(k, math.nan):.0%})" for k in keys]
         rows.append(
             [
@@ -71,8 +73,9 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) ->
                 str(r.gpus),
                 c.hardware,
                 str(c.tensor_parallel_size),
+                *([c.layout() or "-"] if layouts else []),
                 _replicas(r),
-                settings,
+                c.settings(),
                 *slo_cells,
                 _money(money["usd_per_hour"]),
                 _num(money["goodput_per_gpu"]),
@@ -80,11 +83,15 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO) ->
             ]  # fmt: skip
         )
     widths = [max(len(row[j]) for row in rows) for j in range(len(head))]
-    lines = ["  ".join(cell.rjust(w) if j != 5 else cell.ljust(w) for j, (cell, w) in enumerate(zip(row, widths,
-             strict=True))) for row in rows]  # fmt: skip
+    lines = ["  ".join(cell.rjust(w) if j != settings_column else cell.ljust(w) for j, (cell, w) in
+             enumerate(zip(row, widths, strict=True))) for row in rows]  # fmt: skip
     lines.insert(1, "-" * len(lines[0]))
     if not best:
         lines.append("no candidate meets the SLO")
+    else:
+        top = best[0]
+        lines += ["", f"best: {_replicas(top)} x `vllm serve {model} {top.candidate.vllm_flags()}` on "
+                      f"{top.candidate.hardware} ({top.gpus} GPUs)"]  # fmt: skip
     lines += layout_verdict(best, prices)
     dropped = [r for r in results if r.gpus is None]
     if dropped:

@@ -40,13 +40,49 @@ class Candidate:
     max_num_batched_tokens: int | None = None
     # disaggregated: (P, D) prefill and decode replicas per unit; ``replicas`` then counts units of P + D replicas
     pd_ratio: tuple[int, int] | None = None
+    pipeline_parallel_size: int = 1
+    # data-parallel ranks per replica (each a scheduler of its own; an MoE model's MoE layers span them): the search
+    # counts replicas of this many ranks
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
 
-    def label(self) -> str:
+    def layout(self) -> str:
+        """The parallel layout in short, beyond TP: "pp2", "dp8 ep", or "" for tensor parallelism alone."""
+        parts = [f"pp{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else "",
+                 f"dp{self.data_parallel_size}" if self.data_parallel_size > 1 else "",
+                 "ep" if self.enable_expert_parallel else ""]  # fmt: skip
+        return " ".join(p for p in parts if p)
+
+    def settings(self) -> str:
+        """The batching settings in short: the policy, a disaggregated split and the limits tried."""
         limits = [f"seqs={self.max_num_seqs}" if self.max_num_seqs else "",
                   f"tokens={self.max_num_batched_tokens}" if self.max_num_batched_tokens else ""]  # fmt: skip
         extra = ",".join(x for x in limits if x)
         split = f" {self.pd_ratio[0]}P:{self.pd_ratio[1]}D" if self.pd_ratio else ""
-        return f"{self.hardware} tp{self.tensor_parallel_size} {self.policy}{split}" + (f" {extra}" if extra else "")
+        return f"{self.policy}{split}" + (f" {extra}" if extra else "")
+
+    def label(self) -> str:
+        layout = f" {self.layout()}" if self.layout() else ""
+        return f"{self.hardware} tp{self.tensor_parallel_size}{layout} {self.settings()}"
+
+    def vllm_flags(self) -> str:
+        """The layout and limits as `vllm serve`'s flags."""
+        flags = [f"--tensor-parallel-size {self.tensor_parallel_size}"]
+        if self.pipeline_parallel_size > 1:
+            flags.append(f"--pipeline-parallel-size {self.pipeline_parallel_size}")
+        if self.data_parallel_size > 1:
+            flags.append(f"--data-parallel-size {self.data_parallel_size}")
+        if self.enable_expert_parallel:
+            flags.append("--enable-expert-parallel")
+        if self.max_num_seqs:
+            flags.append(f"--max-num-seqs {self.max_num_seqs}")
+        if self.max_num_batched_tokens:
+            flags.append(f"--max-num-batched-tokens {self.max_num_batched_tokens}")
+        return " ".join(flags)
+
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica: tensor x pipeline x data-parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     def replicas_per_unit(self) -> int:
         """Replicas of one unit the search counts: one, or P + D when disaggregated."""
@@ -62,13 +98,17 @@ class Candidate:
             if getattr(self, name) is not None:
                 scheduler[name] = getattr(self, name)
         data |= {"hardware": self.hardware, "tensor_parallel_size": self.tensor_parallel_size, "scheduler": scheduler}
+        for name, default in (("pipeline_parallel_size", 1), ("data_parallel_size", 1),
+                              ("enable_expert_parallel", False)):  # fmt: skip
+            if getattr(self, name) != default:
+                data[name] = getattr(self, name)
         data["replicas"] = replicas
         if self.pd_ratio is not None:
             p, d = self.pd_ratio
             data["replicas"] = 1
             data["disaggregation"] = {"prefill": {"count": p * replicas}, "decode": {"count": d * replicas}}
             data |= {"router": router, "router_seed": router_seed}
-        elif replicas > 1:
+        elif replicas * self.data_parallel_size > 1:
             data |= {"router": router, "router_seed": router_seed}
         else:
             data.pop("router", None)
@@ -128,8 +168,9 @@ def plan_candidate(
     single_rate: float | None = None,
 ) -> CandidateResult:
     """The fewest replicas of ``candidate`` meeting ``slo`` on ``workload`` at its own rate; dropped with a reason
-    if the replica cannot run (the model does not fit, the TP does not divide the heads) or no count up to
-    ``max_replicas`` meets the SLO. ``single_rate``: one replica's sustainable rate, when already known."""
+    if the replica cannot run (the model does not fit, the TP does not divide the heads, a layout vLLM refuses) or no
+    count up to ``max_replicas`` meets the SLO. ``single_rate``: one replica's sustainable rate, when already known.
+    A replica of a data-parallel candidate is all its ranks."""
     result = CandidateResult(candidate)
     target = workload_rate(workload)
     try:
@@ -190,7 +231,7 @@ def plan_candidate(
             lo = mid
     chosen = tried[hi]
     result.replicas = hi
-    result.gpus = hi * candidate.replicas_per_unit() * candidate.tensor_parallel_size
+    result.gpus = hi * candidate.replicas_per_unit() * candidate.gpus_per_replica()
     # the load it serves: the target rate, and the output tokens per second that brings (not the measured
     # throughput, which counts the drain after the last arrival and so favours faster GPUs)
     served = chosen.summary.get("request_throughput") or 0.0
