@@ -95,7 +95,9 @@ def plan_memory(
         f"{gpu_memory_bytes / GiB:.1f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
         f"{usable / GiB:.1f} GiB is usable"
     )
-    reserve_at_fault = activation_reserve_bytes > weight_bytes_per_gpu and weight_bytes_per_gpu <= usable
+    # the weights fit on their own and a reserve sized for the limits takes the rest: the limits are at fault (a
+    # reserve under a tenth of the usable memory is the runtime's own: then the weights are)
+    reserve_at_fault = weight_bytes_per_gpu <= usable and activation_reserve_bytes > 0.1 * usable
     if blocks < 1 and kv_cache <= 0 and not reserve_at_fault:
         verdict = "do not fit" if weight_bytes_per_gpu > usable else "leave no room for the KV cache"
         at = layout or f"tp={tp}"
