@@ -1,0 +1,175 @@
+"""ferry against published end-to-end measurements of serving engines, per source: the README's end-to-end table.
+
+    python -m experiments.studies.end_to_end                 # every source (about 10 minutes on 2 cores)
+    python -m experiments.studies.end_to_end --quick         # every 4th setting of each source
+    python -m experiments.studies.end_to_end --hardware-suffix .datasheet   # the same runs on the datasheet profiles
+
+The sources, their settings and their citations are in ``experiments/studies/published.yaml``: NVIDIA TensorRT-LLM's
+throughput tables (output tokens/s at an infinite rate, simulated with every request queued at once), and NVIDIA's
+measured serving runs shipped in aiconfigurator-core 0.12.0 (``systems/silicon_sample.csv``, read from the installed
+package: mean TTFT and TPOT at a fixed concurrency, simulated as arrivals at the rate that keeps that many requests in
+flight). The profiles are fitted to NVIDIA's kernel tables only; none of these numbers was fitted on. Each point is
+simulated with ``ferry run``'s code (``experiments.simulation.run_simulation``); the summary is, per source and
+metric, the median and p90 of |ferry / published - 1| and the median signed error (< 0: ferry predicts less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from costmodel import kerneldb, strict_yaml
+
+PUBLISHED = Path(__file__).with_name("published.yaml")
+# silicon_sample.csv's model paths -> ferry's models; its systems -> ferry's devices
+SILICON_MODELS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+}
+DEVICES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
+ENGINES = {"vllm": "", "sglang": ".sglang", "trtllm": ".trtllm"}
+QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+# TensorRT-LLM's throughput runs: its documented defaults (published.yaml, settings)
+TRTLLM_THROUGHPUT = {"policy": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,
+                     "kv_reservation": "output", "gpu_memory_utilization": 0.95, "kv_cache_dtype": "fp8"}  # fmt: skip
+
+
+@dataclass
+class Point:
+    """One published measurement and the run that reproduces its setting."""
+
+    source: str
+    metric: str  # a key of ferry's summary
+    published: float
+    config: dict[str, Any]  # RunConfig fields
+    concurrency: int | None = None  # requests kept in flight (None: the config's own arrivals)
+    label: str = ""
+    predicted: float = math.nan
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def trtllm_points(source: dict[str, Any]) -> list[Point]:
+    out = []
+    for model, profile, tp, quant, isl, osl, requests, value in source["points"]:
+        config = TRTLLM_THROUGHPUT | {"model": model, "hardware": profile, "tensor_parallel_size": tp,
+                                      "quantization": quant, "num_prompts": requests, "input_len": isl,
+                                      "output_len": osl, "request_rate": math.inf}  # fmt: skip
+        out.append(Point("trtllm-perf-overview", "output_throughput", float(value), config,
+                         label=f"{model} {profile} tp{tp} {quant} {isl}/{osl}"))  # fmt: skip
+    return out
+
+
+def silicon_points() -> list[Point]:
+    """The rows of silicon_sample.csv ferry can run (dense Llama models, aggregated serving, devices it has)."""
+    path = kerneldb.data_root() / "silicon_sample.csv"
+    rows = pd.read_csv(path)
+    rows = rows[rows["model_path"].isin(list(SILICON_MODELS)) & (rows["mode"] == "agg")]
+    rows = rows[rows["system"].isin(list(DEVICES)) & (rows["pp_size"].fillna(1) == 1)]
+    out = []
+    for r in rows.itertuples(index=False):
+        quant = QUANTIZATION.get(str(r.gemm_quant_mode)) if isinstance(r.gemm_quant_mode, str) else None
+        concurrency = int(r.batch_size)
+        config = {"model": SILICON_MODELS[r.model_path], "hardware": DEVICES[r.system] + ENGINES[r.backend],
+                  "tensor_parallel_size": int(r.tp_size), "quantization": quant, "policy": "chunked",
+                  "input_len": int(r.isl), "output_len": int(r.osl), "burstiness": 100.0}  # fmt: skip
+        if r.backend == "trtllm" and quant is not None:  # a ModelOpt checkpoint: its KV cache is FP8
+            config["kv_cache_dtype"] = "fp8"
+        label = (f"{r.backend} {r.backend_version if isinstance(r.backend_version, str) else ''} "
+                 f"{config['model']} {r.system} tp{int(r.tp_size)} {quant or 'bf16'} {int(r.isl)}/{int(r.osl)} "
+                 f"c{concurrency}")  # fmt: skip
+        source = f"nvidia-silicon ({r.backend})"
+        for metric, value in (("mean_ttft_ms", r.silicon_ttft_ms), ("mean_tpot_ms", r.silicon_tpot_ms)):
+            out.append(Point(source, metric, float(value), dict(config), concurrency, label))
+    return out
+
+
+def _summary(config: dict[str, Any]) -> dict[str, Any]:
+    from experiments.config import RunConfig
+    from experiments.simulation import run_simulation
+
+    return run_simulation(RunConfig.model_validate(config), detail=False).summary
+
+
+def closed_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict[str, Any]:
+    """The summary of a run that keeps ``concurrency`` requests in flight on average (Little's law: arrival rate x
+    mean end-to-end latency = concurrency), the rate found by bisection in log space (the in-flight count grows with
+    the rate; a rate past the replica's capacity builds a queue and is too high), within 3%."""
+    n = max(10 * concurrency, 40)
+    alone = _summary(config | {"num_prompts": 1, "request_rate": math.inf})["mean_e2el_ms"] / 1e3
+    low, high = math.log(1e-3 / alone), math.log(2.0 * concurrency / alone)
+    best: tuple[float, dict[str, Any]] | None = None
+    for _ in range(rounds):
+        rate = math.exp(0.5 * (low + high))
+        summary = _summary(config | {"num_prompts": n, "request_rate": rate, "seed": 1})
+        in_flight = rate * summary["mean_e2el_ms"] / 1e3
+        miss = abs(math.log(in_flight / concurrency))
+        if best is None or miss < best[0]:
+            best = (miss, summary)
+        if miss < 0.03:
+            break
+        low, high = (math.log(rate), high) if in_flight < concurrency else (low, math.log(rate))
+    assert best is not None
+    return best[1]
+
+
+def predict(points: list[Point], suffix: str = "") -> None:
+    """Fill each point's prediction (runs shared by the points of one setting)."""
+    cache: dict[str, dict[str, Any]] = {}
+    for p in points:
+        config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
+        key = repr(sorted(config.items())) + repr(p.concurrency)
+        if key not in cache:
+            cache[key] = closed_loop(config, p.concurrency) if p.concurrency else _summary(config)
+        p.predicted = float(cache[key][p.metric])
+
+
+def table(points: list[Point]) -> pd.DataFrame:
+    rows = []
+    for (source, metric), group in pd.DataFrame([vars(p) for p in points]).groupby(["source", "metric"]):
+        err = (group["predicted"] / group["published"] - 1.0).dropna()
+        if err.empty:
+            continue
+        rows.append({"source": source, "metric": metric, "points": len(err),
+                     "median_abs_error": float(err.abs().median()), "p90_abs_error": float(err.abs().quantile(0.9)),
+                     "median_error": float(err.median())})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="every 4th setting of each source")
+    p.add_argument("--sources", nargs="+", default=["trtllm-perf-overview", "nvidia-silicon"])
+    p.add_argument("--hardware-suffix", default="", help="run every point on DEVICE+SUFFIX (e.g. .datasheet)")
+    p.add_argument("--points", type=Path, default=None, help="write every point (CSV)")
+    args = p.parse_args(argv)
+    published = strict_yaml.load(PUBLISHED.read_text())["sources"]
+    points: list[Point] = []
+    if "trtllm-perf-overview" in args.sources:
+        points += trtllm_points(published["trtllm-perf-overview"])
+    if "nvidia-silicon" in args.sources:
+        points += silicon_points()
+    if args.quick:  # every 4th setting of each source (both metrics of a silicon row)
+        settings = sorted({(p.source, p.label) for p in points})
+        kept = set(settings[::4])
+        points = [p for p in points if (p.source, p.label) in kept]
+    predict(points, args.hardware_suffix)
+    if args.points:
+        pd.DataFrame([vars(p) for p in points]).to_csv(args.points, index=False)
+    result = table(points)
+    shown = result.assign(**{c: result[c].map("{:+.1%}".format if c == "median_error" else "{:.1%}".format)
+                             for c in ("median_abs_error", "p90_abs_error", "median_error")})  # fmt: skip
+    print(shown.to_string(index=False))
+    all_errors = [abs(x.predicted / x.published - 1) for x in points if math.isfinite(x.predicted)]
+    print(f"all {len(all_errors)} points: median |ferry / published - 1| {statistics.median(all_errors):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
