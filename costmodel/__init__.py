@@ -14,6 +14,7 @@ from costmodel.moved import alias as _alias
 if TYPE_CHECKING:
     from costmodel.dtypes import Dtypes
     from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware
+    from costmodel.layout import Parallelism
     from costmodel.memory import MemoryPlan
     from costmodel.model_spec import ModelSpec, builtin_models, load_model
     from costmodel.roofline import CostModel, IterationBreakdown, KernelCost, OpCost
@@ -31,6 +32,7 @@ _EXPORTS = {
     "MemoryPlan": "costmodel.memory",
     "ModelSpec": "costmodel.model_spec",
     "OpCost": "costmodel.roofline",
+    "Parallelism": "costmodel.layout",
     "builtin_hardware": "costmodel.hardware",
     "builtin_models": "costmodel.model_spec",
     "load_hardware": "costmodel.hardware",
@@ -46,6 +48,7 @@ __all__ = [
     "MemoryPlan",
     "ModelSpec",
     "OpCost",
+    "Parallelism",
     "builtin_hardware",
     "builtin_models",
     "load_hardware",

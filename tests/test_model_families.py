@@ -95,6 +95,24 @@ def test_gpt_oss_charges_only_its_full_attention_layers(tmp_path: Path) -> None:
     assert m.attention_sinks and m.o_bias and m.expert_bias
 
 
+QWEN3_DENSE: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False, "sliding_window": None,
+    "use_sliding_window": False, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_qwen3_dense_norms_each_query_and_key_head(tmp_path: Path) -> None:
+    m = load_model(str(write(tmp_path, "q32", QWEN3_DENSE)))
+    assert m.qk_norm and not m.is_moe and m.sliding_window is None
+    assert m.kv_bytes_per_token() == 64 * 2 * 8 * 128 * 2
+    h = 5120
+    attention = h * (64 * 128 + 2 * 8 * 128) + 64 * 128 * h + 2 * 128  # q, k, v, o and the two head norms
+    assert m.num_params() == 64 * (attention + 3 * h * 25600 + 2 * h) + h + 2 * 151936 * h
+    assert m.weight_bytes() == m.num_params() * 2  # bf16 throughout
+
+
 def test_qwen3_moe_and_llama4_kv(tmp_path: Path) -> None:
     assert load_model(str(write(tmp_path, "q", QWEN3_MOE))).kv_bytes_per_token() == 94 * 2 * 4 * 128 * 2
     scout = load_model(str(write(tmp_path, "scout", LLAMA4_SCOUT)))
