@@ -23,7 +23,7 @@ is ``None`` (null in JSON; vLLM writes 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -172,6 +172,19 @@ def parse_goodput(specs: list[str] | None) -> dict[str, float]:
     return slos
 
 
+CHUNK = 1 << 20  # iterations a temporary array spans (a long run has millions): see ``per_iteration``
+
+
+def per_iteration(n: int, f: Callable[[slice], npt.NDArray[Any]]) -> FloatArray:
+    """The array ``f`` gives over ``n`` iterations, built one chunk of rows at a time (``f(rows)``), so that the
+    temporaries of its expression span a chunk, not the run; the values are those of ``f(slice(0, n))``."""
+    out = np.empty(n)
+    for a in range(0, n, CHUNK):
+        rows = slice(a, min(a + CHUNK, n))
+        out[rows] = f(rows)
+    return out
+
+
 def idle_while_waiting(records: RunRecords) -> float:
     """Seconds with no iteration running while an admitted-to-queue request waits (a boat at the dock with
     passengers). Between iterations only arrivals happen, so within a gap the queue only grows."""
@@ -181,19 +194,19 @@ def idle_while_waiting(records: RunRecords) -> float:
     if not len(it) or not len(valid):
         return 0.0
     start, end, waiting = it.column("start"), it.column("end"), it.column("waiting")
-    gap_a = np.concatenate([[valid[0]], end[:-1]])  # each gap is (gap_a, start)
-    queued = np.concatenate([[True], waiting[:-1] > 0])
-    # from when someone waited in each gap: its start if someone was queued, else the first arrival in it (one
-    # iteration's worth of arrays at a time: a long run has millions of iterations)
-    idx = np.searchsorted(valid, gap_a, side="left")
-    from_t = valid[np.minimum(idx, len(valid) - 1)]
-    from_t[idx >= len(valid)] = np.inf
-    del idx
-    np.maximum(gap_a, from_t, out=from_t)
-    np.copyto(from_t, gap_a, where=queued)
-    del gap_a, queued
-    np.subtract(start, from_t, out=from_t)
-    return float(np.clip(from_t, 0.0, None, out=from_t).sum())
+
+    def idle(rows: slice) -> FloatArray:  # each gap between iterations is (gap_a, its iteration's start)
+        before = slice(max(rows.start - 1, 0), rows.stop - 1)
+        first = rows.start == 0  # the first gap runs from the first arrival
+        gap_a = np.concatenate([valid[:1] if first else valid[:0], end[before]])
+        queued = np.concatenate([np.ones(int(first), dtype=bool), waiting[before] > 0])
+        # from when someone waited in it: its start if someone was queued, else the first arrival in it
+        idx = np.searchsorted(valid, gap_a, side="left")
+        first_arrival = np.where(idx < len(valid), valid[np.minimum(idx, len(valid) - 1)], np.inf)
+        from_t = np.where(queued, gap_a, np.maximum(gap_a, first_arrival))
+        return np.clip(start[rows] - from_t, 0.0, None)
+
+    return float(per_iteration(len(it), idle).sum())
 
 
 def seat_use(records: RunRecords) -> dict[str, float | int | None]:
@@ -202,16 +215,21 @@ def seat_use(records: RunRecords) -> dict[str, float | int | None]:
     = seats held by finished requests waiting for their batch to end / seats offered (static and dynamic batching).
     One request alone in an 8-seat batch is 1/8. ``None`` without iterations or when the policy offers no count."""
     it = records.iterations
-    busy_each = it.column("end") - it.column("start")
-    offered = float(records.seats) * float(busy_each.sum())
+    start, end, held, seats = it.column("start"), it.column("end"), it.column("held"), it.column("seats")
+    offered = float(records.seats) * float(per_iteration(len(it), lambda k: end[k] - start[k]).sum())
     if offered <= 0:
         return {"seats_offered": records.seats or None, "seat_utilization": None, "held_seat_fraction": None}
-    held = it.column("held").astype(np.float64)
-    active = it.column("seats") - held
+
+    def active(k: slice) -> FloatArray:  # seats of requests still generating, times how long
+        return (seats[k] - held[k].astype(np.float64)) * (end[k] - start[k])
+
+    def holding(k: slice) -> FloatArray:  # seats held by finished requests, times how long
+        return held[k].astype(np.float64) * (end[k] - start[k])
+
     return {
         "seats_offered": records.seats,
-        "seat_utilization": float(np.multiply(active, busy_each, out=active).sum()) / offered,
-        "held_seat_fraction": float(np.multiply(held, busy_each, out=held).sum()) / offered,
+        "seat_utilization": float(per_iteration(len(it), active).sum()) / offered,
+        "held_seat_fraction": float(per_iteration(len(it), holding).sum()) / offered,
     }
 
 
@@ -238,12 +256,17 @@ def overload(records: RunRecords, replicas: int = 1) -> dict[str, float] | None:
     arrived = int(np.searchsorted(arrivals, end, side="right") - np.searchsorted(arrivals, half, side="right"))
     finished = int(np.searchsorted(done, end, side="right") - np.searchsorted(done, half, side="right"))
     it = records.iterations
-    busy = float(np.clip(np.minimum(it.column("end"), end) - np.maximum(it.column("start"), half), 0.0, None).sum())
+    start_it, end_it = it.column("start"), it.column("end")
+    busy = float(
+        per_iteration(
+            len(it), lambda k: np.clip(np.minimum(end_it[k], end) - np.maximum(start_it[k], half), 0.0, None)
+        ).sum()
+    )
     growth = (backlog(end) - backlog(half)) / window
     rate = arrived / window
     if not (growth > 0.1 * rate and backlog(end) > 10 and busy > 0.9 * window * replicas):
         return None
-    total_busy = float((it.column("end") - it.column("start")).sum())
+    total_busy = float(per_iteration(len(it), lambda k: end_it[k] - start_it[k]).sum())
     return {
         "arrival_rate": rate,
         "finished_rate": finished / window,  # requests finished per second in the second half of the arrivals
@@ -271,9 +294,9 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     lat = latencies(records)
     done = r.status == Status.FINISHED
     response = lat["response_s"]
-    ends = np.concatenate([response[done], it.column("end")])
+    ends = [x for x in (response[done], it.column("end")) if len(x)]  # the last response or iteration
     t0 = 0.0  # the benchmark's start: the workload's time origin
-    t1 = max(float(ends.max()), t0) if len(ends) else t0
+    t1 = max(max(float(x.max()) for x in ends), t0) if ends else t0
     duration = t1 - t0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
 
@@ -321,16 +344,20 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     # what walks every iteration, one at a time (a long run has millions)
     waiting_idle, seats, overloaded = idle_while_waiting(records), seat_use(records), overload(records)
 
-    busy_each = it.column("end") - it.column("start")
-    busy = float(busy_each.sum())
+    start, end, blocks = it.column("start"), it.column("end"), it.column("kv_blocks_used")
+    busy = float(per_iteration(len(it), lambda k: end[k] - start[k]).sum())
     # idle: the gaps between iterations, summed (not duration - busy, which leaves rounding dust)
     starts, ends_it = it.column("start"), it.column("end")
     if len(it):
-        idle = float(starts[0] - t0) + float((starts[1:] - ends_it[:-1]).sum()) + float(t1 - ends_it[-1])
+        gaps = per_iteration(len(it) - 1, lambda k: starts[k.start + 1 : k.stop + 1] - ends_it[k])
+        idle = float(starts[0] - t0) + float(gaps.sum()) + float(t1 - ends_it[-1])
+        del gaps
     else:
         idle = duration
     seqs = it.column("prefill_seqs") + it.column("decode_seqs")
-    kv_frac = it.column("kv_blocks_used") / max(records.kv_num_blocks, 1)
+    capacity = max(records.kv_num_blocks, 1)
+    # the KV cache's use, weighted by each iteration's time
+    kv_time = per_iteration(len(it), lambda k: blocks[k] / capacity * (end[k] - start[k]))
     out.update(
         {
             "rejected_by_reason": {str(k): int(v) for k, v in reasons.value_counts().sort_index().items()},
@@ -346,8 +373,8 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             else None,
             "kv_cache_blocks": records.kv_num_blocks,
             "kv_block_size": records.kv_block_size,
-            "peak_kv_usage": float(kv_frac.max()) if len(it) else 0.0,
-            "mean_kv_usage": float((kv_frac * busy_each).sum() / busy) if busy > 0 else 0.0,
+            "peak_kv_usage": float(blocks.max() / capacity) if len(it) else 0.0,
+            "mean_kv_usage": float(kv_time.sum() / busy) if busy > 0 else 0.0,
             "total_preemptions": int(r.preemptions.sum()),
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
