@@ -81,20 +81,22 @@ def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, kv, budget: int) 
     n = 0
     cap = max(budget, 0)
     decoding = wk[SCRATCH]
-    tokens = wk[TOKENS]
+    total = 0  # blocks they need (kv.allocate_all, asked as the list is built)
     for j in range(sc[R_LEN]):
         r = wk[RUNNING_Q, j]
         if not is_prefilling(ri, r):
             if n == cap:
                 break
             decoding[n] = r
-            tokens[n] = ri[COMPUTED, r] + 1
+            total += kvc.growth(kv, r, ri[COMPUTED, r] + 1)
             n += 1
     if n == 0:
         return budget, False
-    if kvc.allocate_all(kv, decoding, tokens, n):
+    if kvc.reserve(kv, total):
         for k in range(n):
-            batch_add(ri, wk, sc, decoding[k], 1)
+            req = decoding[k]
+            kvc.grow(kv, req, kvc.growth(kv, req, ri[COMPUTED, req] + 1))
+            batch_add(ri, wk, sc, req, 1)
         return budget - n, False
     preempted = False
     for k in range(n):  # victims leave the running set, not this list
@@ -113,26 +115,27 @@ def schedule_decodes(ri: IntArray, wk: IntArray, sc: IntArray, kv, budget: int) 
 def schedule_running(ri: IntArray, wk: IntArray, sc: IntArray, kv, budget: int, cap: int) -> tuple[int, bool]:  # noqa: ANN001
     """``policies.base.schedule_running``, with the same all-or-nothing fast path; returns (budget left,
     preempted)."""
-    # the common case first: everyone the budget reaches fits in the cache
-    ids = wk[SCRATCH]
-    tokens = wk[TOKENS]
+    # the common case first: everyone the budget reaches fits in the cache (kv.allocate_all, asked as the list is
+    # built)
+    chunks = wk[TOKENS]
     left = budget
     reached = 0
+    total = 0
     for k in range(sc[R_LEN]):
         if left <= 0:
             break
         req = wk[RUNNING_Q, k]
         chunk = min(remaining(ri, req), cap, left)
-        ids[reached] = req
-        tokens[reached] = ri[COMPUTED, req] + chunk
+        chunks[reached] = chunk
+        total += kvc.growth(kv, req, ri[COMPUTED, req] + chunk)
         left -= chunk
         reached += 1
-    if kvc.allocate_all(kv, ids, tokens, reached):
+    if kvc.reserve(kv, total):
         for k in range(reached):
-            req = ids[k]
-            chunk = tokens[k] - ri[COMPUTED, req]
-            batch_add(ri, wk, sc, req, chunk)
-            budget -= chunk
+            req = wk[RUNNING_Q, k]
+            kvc.grow(kv, req, kvc.growth(kv, req, ri[COMPUTED, req] + chunks[k]))
+            batch_add(ri, wk, sc, req, chunks[k])
+            budget -= chunks[k]
         return budget, False
     return _one_by_one(ri, wk, sc, kv, budget, cap, False)
 

@@ -43,13 +43,15 @@ from sim.compiled.state import (
     RELEASED,
     RUNNING_Q,
     SESSIONS,
+    SHAPE_CTX,
+    SHAPE_PF_TOKENS,
     STAMP,
     STATUS,
     UNFINISHED,
     W_LEN,
     is_prefilling,
 )
-from sim.records import add_gap
+from sim.records import tally, tally_end, tally_start
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -85,22 +87,29 @@ def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
 
 @kernel
 def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int]:
-    """Fill the shape rows from the batch; returns (prefill chunks, decodes, prefill chunks that sample)."""
+    """Fill the shape rows from the batch, and its totals (``sc[SHAPE_CTX]``, ``sc[SHAPE_PF_TOKENS]``, for the log);
+    returns (prefill chunks, decodes, prefill chunks that sample)."""
     n_pf = 0
     n_dec = 0
     sampled = 0
+    context = 0
+    pf_tokens = 0
     for k in range(sc[B_LEN]):
         req = wk[BATCH_IDS, k]
         ctx = ri[COMPUTED, req]
+        context += ctx
         if is_prefilling(ri, req):
             wk[PF_NEW, n_pf] = wk[BATCH_NEW, k]
             wk[PF_CTX, n_pf] = ctx
+            pf_tokens += wk[BATCH_NEW, k]
             n_pf += 1
             if ctx + wk[BATCH_NEW, k] == ri[PROMPT, req] + ri[GENERATED, req]:
                 sampled += 1
         else:
             wk[DEC_CTX, n_dec] = ctx
             n_dec += 1
+    sc[SHAPE_CTX] = context
+    sc[SHAPE_PF_TOKENS] = pf_tokens
     return n_pf, n_dec, sampled
 
 
@@ -139,28 +148,31 @@ def complete(
             batch_rows[m, 4] = 1 if is_prefilling(ri, req) else 0
             m += 1
         sc[N_BATCH_ROWS] = m
-    for k in range(nb):
+    caching = kv[1][CACHING] != 0
+    for k in range(nb if caching else 0):  # every member's tokens first: a prefix cache caches what they filled
         req = wk[BATCH_IDS, k]
         if math.isnan(rf[FIRST_SCHEDULED, req]):
             rf[FIRST_SCHEDULED, req] = start
         ri[COMPUTED, req] += wk[BATCH_NEW, k]
-    if kv[1][CACHING]:  # a prefix cache caches the blocks the iteration filled
-        for k in range(nb):
-            req = wk[BATCH_IDS, k]
-            kvc.register(kv, req, ri[COMPUTED, req])
+        kvc.register(kv, req, ri[COMPUTED, req])
     done = 0
     seats = sc[R_LEN]
     held = sc[NUM_HELD]
     kv_used = kv[1][USED]
     hold = sc[B_HOLD] != 0
+    gaps = tally_start(itl_sums)
     for k in range(nb):
         req = wk[BATCH_IDS, k]
+        if not caching:  # else done above
+            if math.isnan(rf[FIRST_SCHEDULED, req]):
+                rf[FIRST_SCHEDULED, req] = start
+            ri[COMPUTED, req] += wk[BATCH_NEW, k]
         if ri[COMPUTED, req] != ri[PROMPT, req] + ri[GENERATED, req]:
             continue
         if ri[GENERATED, req] == 0:
             rf[FIRST_TOKEN, req] = end
         else:
-            add_gap(end - rf[LAST_TOKEN, req], itl_sums, itl_hist, itl_gaps)
+            gaps = tally(gaps, end - rf[LAST_TOKEN, req], itl_hist, itl_gaps)
         ri[GENERATED, req] += 1
         rf[LAST_TOKEN, req] = end
         if ri[GENERATED, req] >= ri[OUTPUT, req]:
@@ -174,6 +186,7 @@ def complete(
                 kvc.free(kv, req)
                 if sc[SESSIONS]:
                     release_turns(ss, rf[ARRIVAL], req, end)
+    tally_end(gaps, itl_sums, itl_hist)
     if done:
         if hold:
             sc[NUM_HELD] += done
@@ -186,19 +199,12 @@ def complete(
                     k += 1
             sc[R_LEN] = k
             sc[UNFINISHED] -= done
-    ctx = 0
-    pf_tokens = 0
-    for j in range(n_pf):
-        ctx += wk[PF_CTX, j]
-        pf_tokens += wk[PF_NEW, j]
-    for j in range(n_dec):
-        ctx += wk[DEC_CTX, j]
     log_times[row, 0] = start
     log_times[row, 1] = end
     log_counts[row, 0] = n_pf
-    log_counts[row, 1] = pf_tokens
+    log_counts[row, 1] = sc[SHAPE_PF_TOKENS]
     log_counts[row, 2] = n_dec
-    log_counts[row, 3] = ctx
+    log_counts[row, 3] = sc[SHAPE_CTX]
     log_counts[row, 4] = kv_used
     log_counts[row, 5] = seats
     log_counts[row, 6] = held

@@ -78,25 +78,46 @@ def allocate(kv, req: int, tokens: int, admission: bool) -> bool:  # noqa: ANN00
 
 @kernel
 def allocate_all(kv, reqs: IntArray, tokens: IntArray, count: int) -> bool:  # noqa: ANN001
-    """Grow every ``reqs[k]`` (``k < count``) to ``tokens[k]`` tokens, all or nothing (a decode batch's fast path)."""
-    kr, ks = kv[0], kv[1]
-    bs = ks[BLOCK_SIZE]
+    """Grow every ``reqs[k]`` (``k < count``) to ``tokens[k]`` tokens, all or nothing (a decode batch's fast path).
+    A loop that builds the list can ask ``growth`` as it goes, ``reserve`` the total, then ``grow`` each."""
     total = 0
-    for k in range(count):  # most decodes fit the blocks they hold: no division for them
-        held = kr[HELD, reqs[k]]
-        if tokens[k] > held * bs:
-            total += blocks_for(ks, tokens[k]) - held
-    if total > free_blocks(ks):
+    for k in range(count):
+        total += growth(kv, reqs[k], tokens[k])
+    if not reserve(kv, total):
         return False
-    if ks[CACHING]:
-        prefix.make_room(kv, total)
     if total:
         for k in range(count):
-            r = reqs[k]
-            if tokens[k] > kr[HELD, r] * bs:
-                kr[HELD, r] = blocks_for(ks, tokens[k])
-    ks[USED] += total
+            grow(kv, reqs[k], growth(kv, reqs[k], tokens[k]))
     return True
+
+
+@kernel
+def growth(kv, req: int, tokens: int) -> int:  # noqa: ANN001
+    """Blocks ``req`` must add to hold ``tokens`` tokens in all (0 if it holds enough: most decodes, found without
+    dividing)."""
+    held = kv[0][HELD, req]
+    if tokens <= held * kv[1][BLOCK_SIZE]:
+        return 0
+    return blocks_for(kv[1], tokens) - held
+
+
+@kernel
+def reserve(kv, blocks: int) -> bool:  # noqa: ANN001
+    """Take ``blocks`` free blocks for ``grow`` (a prefix cache evicts what they cached); False if there are not that
+    many (nothing changed)."""
+    ks = kv[1]
+    if blocks > free_blocks(ks):
+        return False
+    if ks[CACHING]:
+        prefix.make_room(kv, blocks)
+    ks[USED] += blocks
+    return True
+
+
+@kernel
+def grow(kv, req: int, blocks: int) -> None:  # noqa: ANN001
+    """``req`` holds ``blocks`` more of the blocks ``reserve`` took."""
+    kv[0][HELD, req] += blocks
 
 
 @kernel

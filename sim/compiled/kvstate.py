@@ -5,7 +5,7 @@ A cache is a tuple ``kv = (kr, ks, table, entries, bits, seg_ids, seg_tokens, se
   blocks looked at for caching (``REGISTERED``), its full blocks (``NKEYS``) and where its reference bits start
   (``BITS_AT``); under disaggregation the tokens whose KV it brought (``PRESENT``);
 - ``ks`` int64: scalars (``USED`` ...), the counters of the prefix cache among them;
-- ``table``: the prefix cache's index, open addressing over block keys, each slot an entry or ``EMPTY``;
+- ``table``: the prefix cache's index, open addressing over block keys, each slot a key and its entry (or ``EMPTY``);
 - ``entries`` int64 ``[row, entry]``: one per cached block: its key, the requests referencing it, and its place in
   the list of unreferenced cached blocks (least recently freed first, evicted first);
 - ``bits``: per request, one bit per full block: set where the request references the cached block (clear where its
@@ -73,7 +73,7 @@ def make_kv(
         kr[BITS_AT] = np.cumsum(words) - words
         bits = np.zeros(max(int(words.sum()), 1), dtype=np.int64)
         size = 1 << max(4, int(2 * (num_blocks + 1)).bit_length())  # at most a quarter full: short probes
-        table = np.full(size, EMPTY, dtype=np.int64)
+        table = np.full(2 * size, EMPTY, dtype=np.int64)  # (key, entry) a slot
         ks[MASK] = size - 1
         entries = np.full((4, num_blocks + 1), EMPTY, dtype=np.int64)  # a cached block is a block: at most all
         entries[NEXT, :-1] = np.arange(1, num_blocks + 1)  # the free list: every entry

@@ -90,34 +90,38 @@ def keys(kv, req: int, out: IntArray) -> int:  # noqa: ANN001
 
 
 # ---- the index: key -> entry (open addressing, linear probing, deletion by backward shift) ------------------------
+# Slot i is table[2i] (the key, or EMPTY) and table[2i + 1] (its entry): a probe reads one line. Keys are hashes
+# already: a key's home slot is its low bits.
+
+
+@kernel
+def slot(kv, key: int) -> int:  # noqa: ANN001
+    """The slot of ``key`` in the index, or the empty slot where it would go."""
+    table, mask = kv[2], kv[1][MASK]
+    i = key & mask
+    while table[2 * i] != EMPTY and table[2 * i] != key:
+        i = (i + 1) & mask
+    return i
 
 
 @kernel
 def find(kv, key: int) -> int:  # noqa: ANN001
     """The entry of the cached block with ``key``, or EMPTY."""
-    table, entries, mask = kv[2], kv[3], kv[1][MASK]
-    i = mix(key, 0) & mask
-    while table[i] != EMPTY:
-        if entries[KEY, table[i]] == key:
-            return table[i]
-        i = (i + 1) & mask
-    return EMPTY
+    i = slot(kv, key)
+    return kv[2][2 * i + 1] if kv[2][2 * i] == key else EMPTY
 
 
 @kernel
-def insert(kv, key: int) -> int:  # noqa: ANN001
-    """A new entry for ``key`` (not cached yet), unreferenced and on no list; returns it."""
+def insert(kv, i: int, key: int) -> int:  # noqa: ANN001
+    """A new entry for ``key`` at its empty slot ``i`` (``slot``), unreferenced and on no list; returns it."""
     ks, table, entries = kv[1], kv[2], kv[3]
     e = ks[FREE_ENTRY]
     ks[FREE_ENTRY] = entries[NEXT, e]
     entries[KEY, e] = key
     entries[REFS, e] = 0
     entries[PREV, e] = entries[NEXT, e] = EMPTY
-    mask = ks[MASK]
-    i = mix(key, 0) & mask
-    while table[i] != EMPTY:
-        i = (i + 1) & mask
-    table[i] = e
+    table[2 * i] = key
+    table[2 * i + 1] = e
     return e
 
 
@@ -126,19 +130,18 @@ def remove(kv, e: int) -> None:  # noqa: ANN001
     """Forget entry ``e`` (its block is evicted): out of the index, back on the free list."""
     ks, table, entries = kv[1], kv[2], kv[3]
     mask = ks[MASK]
-    i = mix(entries[KEY, e], 0) & mask
-    while table[i] != e:
-        i = (i + 1) & mask
+    i = slot(kv, entries[KEY, e])
     j = i
     while True:  # move back every entry of the run after i that may live at i
         j = (j + 1) & mask
-        if table[j] == EMPTY:
+        if table[2 * j] == EMPTY:
             break
-        home = mix(entries[KEY, table[j]], 0) & mask
+        home = table[2 * j] & mask
         if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
-            table[i] = table[j]
+            table[2 * i] = table[2 * j]
+            table[2 * i + 1] = table[2 * j + 1]
             i = j
-    table[i] = EMPTY
+    table[2 * i] = EMPTY
     entries[NEXT, e] = ks[FREE_ENTRY]
     ks[FREE_ENTRY] = e
 
@@ -260,11 +263,13 @@ def register(kv, req: int, tokens: int) -> None:  # noqa: ANN001
     if full <= start:
         return
     seg, chain, covered = key_cursor(kv, req)
+    table = kv[2]
     for j in range(start, min(full, kr[NKEYS, req])):
         key, seg, chain, covered = block_key(kv, req, j, seg, chain, covered)
-        if find(kv, key) != EMPTY:
+        i = slot(kv, key)
+        if table[2 * i] == key:
             continue
-        e = insert(kv, key)  # the request's own block becomes the cached one (used is unchanged)
+        e = insert(kv, i, key)  # the request's own block becomes the cached one (used is unchanged)
         entries[REFS, e] = 1
         ks[CACHED] += 1
         _set_bit(kv, req, j)

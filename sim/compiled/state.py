@@ -48,9 +48,10 @@ B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS, N_BATCH_ROWS = range(8, 14)  # 
 # in the inbox; MORE: 1 while a router may still route more (a replica of a cluster); IN_FLIGHT:
 # an iteration has been decided and not yet accounted for (its shape has N_PF prefill chunks and N_DEC decodes);
 # SLEEPING: waiting until ``clock[WAKE]`` (inf: until something is routed to it); SESSIONS: 1 with conversations;
-# LOG_BASE: iterations in the iteration log's full chunks (``sim.records.IterationLog``)
-ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING, SESSIONS, LOG_BASE, B_CACHED = range(14, 23)
-NUM_SCALARS = 23
+# LOG_BASE: iterations in the iteration log's full chunks (``sim.records.IterationLog``); SHAPE_CTX and
+# SHAPE_PF_TOKENS: the iteration in flight's context and prefill tokens
+ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING, SESSIONS, LOG_BASE, B_CACHED, SHAPE_CTX, SHAPE_PF_TOKENS = range(14, 25)
+NUM_SCALARS = 25
 # the float scalars of a run (``clock``): the iteration in flight, and the wake-up time of a sleeping replica
 FLIGHT_START, FLIGHT_END, WAKE = range(3)
 
