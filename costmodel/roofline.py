@@ -375,4 +375,6 @@ class CostModel:
     def describe(self) -> str:
         """One line: model, device, parallelism and formats."""
         gemm = "" if self.gemm_dtype == self.dtypes.activation else f", GEMMs in {self.gemm_dtype}"
+        kept = [p.replace("_", " ") for p in self.model.unquantized] if self.dtypes.quantization else []
+        gemm += f" ({', '.join(kept)} kept in {self.dtypes.activation})" if kept else ""
         return f"{self.model.name} on {self.hardware.name}, {self.parallel.describe()}: {self.dtypes.describe()}{gemm}"
