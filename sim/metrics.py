@@ -172,7 +172,7 @@ def parse_goodput(specs: list[str] | None) -> dict[str, float]:
     return slos
 
 
-CHUNK = 1 << 20  # iterations a temporary array spans (a long run has millions): see ``per_iteration``
+CHUNK = 1 << 16  # iterations a temporary array spans (a long run has millions): see ``per_iteration``
 
 
 def per_iteration(n: int, f: Callable[[slice], npt.NDArray[Any]]) -> FloatArray:
@@ -354,10 +354,13 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
         del gaps
     else:
         idle = duration
-    seqs = it.column("prefill_seqs") + it.column("decode_seqs")
+    mean_batch = mean_tokens = None  # each array gone as soon as it is summed
+    if len(it):
+        mean_batch = float((it.column("prefill_seqs") + it.column("decode_seqs")).mean())
+        mean_tokens = float((it.column("prefill_tokens") + it.column("decode_seqs")).mean())
     capacity = max(records.kv_num_blocks, 1)
     # the KV cache's use, weighted by each iteration's time
-    kv_time = per_iteration(len(it), lambda k: blocks[k] / capacity * (end[k] - start[k]))
+    kv_time = float(per_iteration(len(it), lambda k: blocks[k] / capacity * (end[k] - start[k])).sum())
     out.update(
         {
             "rejected_by_reason": {str(k): int(v) for k, v in reasons.value_counts().sort_index().items()},
@@ -367,14 +370,12 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "gpu_idle_fraction": idle / duration if duration > 0 else 0.0,
             "idle_while_waiting_s": waiting_idle,
             **seats,
-            "mean_batch_size": float(seqs.mean()) if len(it) else None,
-            "mean_tokens_per_iteration": float((it.column("prefill_tokens") + it.column("decode_seqs")).mean())
-            if len(it)
-            else None,
+            "mean_batch_size": mean_batch,
+            "mean_tokens_per_iteration": mean_tokens,
             "kv_cache_blocks": records.kv_num_blocks,
             "kv_block_size": records.kv_block_size,
             "peak_kv_usage": float(blocks.max() / capacity) if len(it) else 0.0,
-            "mean_kv_usage": float(kv_time.sum() / busy) if busy > 0 else 0.0,
+            "mean_kv_usage": kv_time / busy if busy > 0 else 0.0,
             "total_preemptions": int(r.preemptions.sum()),
             "preempted_requests": int((r.preemptions > 0).sum()),
             "recomputed_tokens": int(r.recomputed.sum()),
