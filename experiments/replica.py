@@ -192,17 +192,33 @@ def build_replica(config: RunConfig) -> Replica:
         kv_cache_dtype=None if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
         quantization=config.quantization,
     )
+    given_budget = config.scheduler.max_num_batched_tokens is not None
     config, vllm = resolve(config, model, hardware)
-    memory = cost.memory_plan(
-        config.gpu_memory_utilization,
-        config.block_size,
-        max_num_batched_tokens=config.scheduler.token_budget,
-        max_num_seqs=config.scheduler.seq_limit,
-    )
-    if config.num_gpu_blocks_override is not None:
-        memory = override_blocks(memory, config.num_gpu_blocks_override)
-    check_max_model_len_fits(config.scheduler.max_model_len, memory)
+    try:
+        memory = cost.memory_plan(
+            config.gpu_memory_utilization,
+            config.block_size,
+            max_num_batched_tokens=config.scheduler.token_budget,
+            max_num_seqs=config.scheduler.seq_limit,
+        )
+        if config.num_gpu_blocks_override is not None:
+            memory = override_blocks(memory, config.num_gpu_blocks_override)
+        check_max_model_len_fits(config.scheduler.max_model_len, memory)
+    except ValueError as exc:
+        if config.scheduler.policy != "continuous" or given_budget:
+            raise
+        raise ValueError(f"{exc}; {UNCHUNKED_HINT}") from None
     return Replica(config, model, hardware, cost, memory, vllm)
+
+
+# what a memory refusal under ``continuous`` adds when its budget (and so its activation reserve) came from
+# max_model_len: vLLM without chunked prefill needs max_num_batched_tokens >= max_model_len
+# (``SchedulerConfig.verify_max_model_len``), and V1 serves with chunked prefill by default
+UNCHUNKED_HINT = (
+    "--policy continuous runs without chunked prefill, so its token budget, and the activation reserve sized for it, "
+    "is at least max_model_len, as in vLLM; --policy chunked (vllm serve's default) budgets a few thousand tokens "
+    "per iteration, or give a shorter --max-model-len"
+)
 
 
 def override_blocks(memory: MemoryPlan, blocks: int) -> MemoryPlan:
