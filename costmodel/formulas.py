@@ -146,11 +146,20 @@ def table_time(toc: IntArray, tab: FloatArray, table: int, x: float, y: float, r
     nx = toc[table, NX]
     if nx == 0:
         return roof
-    ny, axes = toc[table, NY], toc[table, AXES]
+    axes = toc[table, AXES]
     i, wx = _bracket(tab, axes, nx, x)
+    return _table_time_at(toc, tab, table, i, wx, tab[axes] <= x and x <= tab[axes + nx - 1], y, roof)
+
+
+@njit(cache=True)
+def _table_time_at(
+    toc: IntArray, tab: FloatArray, table: int, i: int, wx: float, inside: bool, y: float, roof: float
+) -> float:
+    """``table_time`` with x already placed on the table's x axis (``_bracket``'s i and wx; ``inside``: x within it),
+    so that tables sharing one axis (the GEMMs') place an iteration's tokens once."""
+    nx, ny, axes = toc[table, NX], toc[table, NY], toc[table, AXES]
     i1 = i + 1 if nx > 1 else i
     j, wy, j1 = 0, 0.0, 0
-    inside = tab[axes] <= x and x <= tab[axes + nx - 1]
     if ny > 1:
         j, wy = _bracket(tab, axes + nx, ny, y)
         j1 = j + 1
@@ -238,6 +247,9 @@ def time_of_sums(
         return 0.0
     work = kernel_work(consts, T, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[8], sums[9], sums[10])
     gpu = 0.0
+    # where the last GEMM table placed its tokens: (axis offset, log tokens, i, w, inside); the GEMM tables share one
+    # axis where their measured tokens are the same (``kernel_tables.pack``), and T (or S) is placed once
+    placed_axes, placed_x, placed_i, placed_w, placed_in = -1, 0.0, 0, 0.0, False
     for i in range(kernel_params.shape[0]):
         count = kernel_params[i, COUNT]
         if count == 0.0:
@@ -248,7 +260,15 @@ def time_of_sums(
             if kernel_params[i, FLOOR] > t:
                 t = kernel_params[i, FLOOR]
             table = KERNEL_TABLE[i]
-            if table >= 0 and toc[table, NX] > 0:
+            if table >= 0 and table <= T_LM and toc[table, NX] > 0:  # a GEMM: at log T (the LM head at log S)
+                x = math.log(sums[3] if table == T_LM else T)
+                axes, nx = toc[table, AXES], toc[table, NX]
+                if axes != placed_axes or x != placed_x:
+                    placed_i, placed_w = _bracket(tab, axes, nx, x)
+                    placed_axes, placed_x = axes, x
+                    placed_in = tab[axes] <= x and x <= tab[axes + nx - 1]
+                t = _table_time_at(toc, tab, table, placed_i, placed_w, placed_in, 0.0, t)
+            elif table >= 0 and toc[table, NX] > 0:
                 if i == WINDOW_KERNELS[0] or i == WINDOW_KERNELS[1]:
                     pairs, dec_kv = sums[8], sums[10]
                 else:

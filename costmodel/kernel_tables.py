@@ -79,19 +79,27 @@ Grid = tuple[FloatArray, FloatArray, FloatArray, FloatArray]  # x axis, y axis, 
 
 def pack(grids: dict[int, Grid], notes: tuple[str, ...] = ()) -> Tables:
     """Tables from ``{table: (x axis, y axis, factors, roofline seconds)}``, all natural logs, values x-major (a 1-D
-    table: a y axis of one point)."""
+    table: a y axis of one point). Tables with the same axes share them in ``tab`` (the GEMMs, measured at the same
+    token counts: ``formulas.time_of_sums`` then places an iteration's tokens on them once)."""
     toc = np.zeros((f.NUM_TABLES, f.TOC_COLUMNS), dtype=np.int64)
     parts: list[FloatArray] = []
+    packed: list[tuple[FloatArray, FloatArray, int]] = []  # axes stored so far, and where
     at = 0
     for table, (xs, ys, factors, roofs) in sorted(grids.items()):
+        xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
         factors = np.asarray(factors, dtype=np.float64).reshape(len(xs), len(ys))
         roofs = np.asarray(roofs, dtype=np.float64).reshape(len(xs), len(ys))
         if not (np.all(np.diff(xs) > 0) and np.all(np.diff(ys) > 0) and np.isfinite(factors + roofs).all()):
             raise ValueError(f"table {table}: axes must rise strictly and values be finite")
-        n = len(xs) + len(ys)
-        toc[table] = (len(xs), len(ys), at, at + n, at + n + factors.size)
-        parts += [np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64), factors.ravel(), roofs.ravel()]
-        at += n + 2 * factors.size
+        axes = next((o for px, py, o in packed if np.array_equal(px, xs) and np.array_equal(py, ys)), None)
+        if axes is None:
+            axes = at
+            packed.append((xs, ys, axes))
+            parts += [xs, ys]
+            at += len(xs) + len(ys)
+        toc[table] = (len(xs), len(ys), axes, at, at + factors.size)
+        parts += [factors.ravel(), roofs.ravel()]
+        at += 2 * factors.size
     tab = np.concatenate(parts) if parts else np.zeros(0)
     return Tables(toc, tab, notes)
 

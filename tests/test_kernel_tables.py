@@ -180,8 +180,9 @@ def test_fp8_quantization_and_an_fp8_kv_cache_use_their_own_tables(measured_h100
     block = CostModel(load_model("llama-3-8b"), measured_h100, quantization="fp8_block")
     assert kt.gemm_format(block.dtypes, block.gemm_dtype) == "fp8_block" and block.gemm_dtype == "fp8_block"
     nvfp4 = CostModel(load_model("llama-3-8b"), load_hardware("b200.datasheet"), quantization="nvfp4")
-    assert nvfp4.gemm_dtype == "bfloat16"  # no fp4 rate in that profile: weight-only
-    assert kt.gemm_format(nvfp4.dtypes, nvfp4.gemm_dtype) == "nvfp4"
+    assert nvfp4.gemm_dtype == "nvfp4" and kt.gemm_format(nvfp4.dtypes, nvfp4.gemm_dtype) == "nvfp4"
+    hopper = CostModel(load_model("llama-3-8b"), load_hardware("h100-sxm.datasheet"), quantization="nvfp4")
+    assert hopper.gemm_dtype == "bfloat16"  # no fp4 rate on an H100: weight-only, in the activations' format
 
 
 # ---- the fit ---------------------------------------------------------------------------------------------------------
