@@ -2,8 +2,9 @@
 
 A cache is a tuple ``kv = (kr, ks, table, entries, bits, seg_ids, seg_tokens, seg_offsets, scratch)``:
 - ``kr`` int64 ``[row, request]``: the blocks each request holds (``HELD``), and with prefix caching its leading
-  blocks looked at for caching (``REGISTERED``), its full blocks (``NKEYS``) and where its reference bits start
-  (``BITS_AT``); under disaggregation the tokens whose KV it brought (``PRESENT``);
+  blocks looked at for caching (``REGISTERED``, with where their keys stood: ``CURSOR_*``), its full blocks
+  (``NKEYS``) and where its reference bits start (``BITS_AT``); under disaggregation the tokens whose KV it
+  brought (``PRESENT``);
 - ``ks`` int64: scalars (``USED`` ...), the counters of the prefix cache among them;
 - ``table``: the prefix cache's index, open addressing over block keys, each slot a key and its entry (or ``EMPTY``);
 - ``entries`` int64 ``[row, entry]``: one per cached block: its key, the requests referencing it, and its place in
@@ -12,7 +13,8 @@ A cache is a tuple ``kv = (kr, ks, table, entries, bits, seg_ids, seg_tokens, se
   block is private: nothing cached, or a copy of a block another request cached first);
 - ``seg_ids``, ``seg_tokens``, ``seg_offsets``: what the requests share (``sim.workload.prefixes.Prefixes``), from
   which the block keys are computed;
-- ``scratch``: room for one request's entries (``sim.compiled.prefix.free``).
+- ``scratch``: room for one request's entries (``sim.compiled.prefix``: those a lookup found, for the take after it;
+  those a request frees).
 
 A cache without prefix caching keeps the prefix arrays at one element each; nothing reads them.
 """
@@ -25,9 +27,10 @@ import numpy.typing as npt
 IntArray = npt.NDArray[np.int64]
 KV = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]
 
-# rows of kr
-HELD, REGISTERED, NKEYS, BITS_AT, PRESENT = range(5)
-NUM_KR = 5
+# rows of kr (CURSOR_*: where the keys of a request's blocks stood after the last one looked at for caching:
+# ``sim.compiled.prefix.block_key``'s cursor, so that caching the next block does not walk the segments again)
+HELD, REGISTERED, NKEYS, BITS_AT, PRESENT, CURSOR_SEG, CURSOR_CHAIN, CURSOR_COVERED = range(8)
+NUM_KR = 8
 # indices of ks
 USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, CACHING, TRANSFER, MASK = range(7)
 # the prefix cache: entries referenced and unreferenced, the list of unreferenced ones, the entries' free list
@@ -35,7 +38,9 @@ CACHED, EVICTABLE, LRU_HEAD, LRU_TAIL, FREE_ENTRY = range(7, 12)
 # its counters over admissions (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens and in blocks)
 QUERY_TOKENS, HIT_TOKENS, QUERY_BLOCKS, HIT_BLOCKS, EVICTIONS = range(12, 17)
 SHIFT = 17  # log2(block_size) when it is a power of two (a shift divides faster), else -1
-NUM_KS = 18
+# the request whose entries found by the last lookup are in ``scratch`` (-1: none), for the take that follows it
+LOOKED_UP = 18
+NUM_KS = 19
 # rows of entries
 KEY, REFS, PREV, NEXT = range(4)
 EMPTY = -1  # a free slot of the table; the end of a list
@@ -54,11 +59,12 @@ def make_kv(
     ``totals`` (each request's prompt + output tokens) and ``segments`` (ids, tokens, offsets; None: nothing shared).
     Disaggregation's decode side: ``present`` (tokens of each request's KV that arrive with it)."""
     caching = totals is not None
-    kr = np.zeros((NUM_KR if caching or present is not None else 1, num_requests), dtype=np.int64)
+    rows = NUM_KR if caching else PRESENT + 1 if present is not None else HELD + 1  # the rows the cache uses
+    kr = np.zeros((rows, num_requests), dtype=np.int64)
     ks = np.zeros(NUM_KS, dtype=np.int64)
     ks[NUM_BLOCKS], ks[BLOCK_SIZE], ks[WATERMARK] = num_blocks, block_size, watermark_blocks
     ks[SHIFT] = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
-    ks[LRU_HEAD] = ks[LRU_TAIL] = EMPTY
+    ks[LRU_HEAD] = ks[LRU_TAIL] = ks[LOOKED_UP] = EMPTY
     one = np.zeros(1, dtype=np.int64)
     table, entries, bits, scratch = one.copy(), np.zeros((4, 1), dtype=np.int64), one.copy(), one.copy()
     seg_ids, seg_tokens, seg_offsets = one.copy(), one.copy(), one.copy()

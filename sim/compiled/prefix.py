@@ -17,6 +17,9 @@ from sim.compiled.kvstate import (
     BITS_AT,
     BLOCK_SIZE,
     CACHED,
+    CURSOR_CHAIN,
+    CURSOR_COVERED,
+    CURSOR_SEG,
     EMPTY,
     EVICTABLE,
     EVICTIONS,
@@ -25,6 +28,7 @@ from sim.compiled.kvstate import (
     HIT_BLOCKS,
     HIT_TOKENS,
     KEY,
+    LOOKED_UP,
     LRU_HEAD,
     LRU_TAIL,
     MASK,
@@ -188,6 +192,7 @@ def make_room(kv, blocks: int) -> None:  # noqa: ANN001
         lru_remove(kv, e)
         remove(kv, e)
         ks[EVICTIONS] += 1
+        ks[LOOKED_UP] = EMPTY
 
 
 # ---- what a request references (bit j of its words: it references its block j's cached entry) ----------------------
@@ -213,7 +218,7 @@ def references(kv, req: int, j: int) -> bool:  # noqa: ANN001
 def lookup(kv, req: int, num_tokens: int) -> tuple[int, int]:  # noqa: ANN001
     """Blocks of ``req``'s leading full blocks found cached, of at most ``num_tokens - 1`` tokens, and how many of
     those nobody references now (taking them uses free room). Changes nothing."""
-    kr, entries = kv[0], kv[3]
+    kr, entries, found = kv[0], kv[3], kv[8]
     most = min(kr[NKEYS, req], max(num_tokens - 1, 0) // kv[1][BLOCK_SIZE])
     seg, chain, covered = key_cursor(kv, req)
     hits = 0
@@ -223,9 +228,11 @@ def lookup(kv, req: int, num_tokens: int) -> tuple[int, int]:  # noqa: ANN001
         e = find(kv, key)
         if e == EMPTY:
             break
+        found[j] = e  # for the take that follows (an eviction or a free forgets them)
         hits += 1
         if entries[REFS, e] == 0:
             unreferenced += 1
+    kv[1][LOOKED_UP] = req
     return hits, unreferenced
 
 
@@ -235,9 +242,10 @@ def take(kv, req: int, hits: int, num_tokens: int) -> None:  # noqa: ANN001
     ``num_tokens`` tokens; counts the lookup in the hit rate."""
     kr, ks, entries = kv[0], kv[1], kv[3]
     seg, chain, covered = key_cursor(kv, req)
+    looked_up = ks[LOOKED_UP] == req
     for j in range(hits):
         key, seg, chain, covered = block_key(kv, req, j, seg, chain, covered)
-        e = find(kv, key)
+        e = kv[8][j] if looked_up else find(kv, key)
         if entries[REFS, e] == 0:  # unreferenced until now: it leaves the eviction list and takes room
             lru_remove(kv, e)
             ks[CACHED] += 1
@@ -246,6 +254,7 @@ def take(kv, req: int, hits: int, num_tokens: int) -> None:  # noqa: ANN001
         _set_bit(kv, req, j)
     kr[HELD, req] = hits
     kr[REGISTERED, req] = hits
+    _keep_cursor(kv, req, seg, chain, covered)
     bs = ks[BLOCK_SIZE]
     ks[QUERY_TOKENS] += num_tokens
     ks[HIT_TOKENS] += hits * bs
@@ -262,7 +271,7 @@ def register(kv, req: int, tokens: int) -> None:  # noqa: ANN001
     start = kr[REGISTERED, req]
     if full <= start:
         return
-    seg, chain, covered = key_cursor(kv, req)
+    seg, chain, covered = _kept_cursor(kv, req)
     table = kv[2]
     for j in range(start, min(full, kr[NKEYS, req])):
         key, seg, chain, covered = block_key(kv, req, j, seg, chain, covered)
@@ -274,6 +283,22 @@ def register(kv, req: int, tokens: int) -> None:  # noqa: ANN001
         ks[CACHED] += 1
         _set_bit(kv, req, j)
     kr[REGISTERED, req] = full
+    _keep_cursor(kv, req, seg, chain, covered)
+
+
+@kernel
+def _keep_cursor(kv, req: int, seg: int, chain: int, covered: int) -> None:  # noqa: ANN001
+    kr = kv[0]
+    kr[CURSOR_SEG, req], kr[CURSOR_CHAIN, req], kr[CURSOR_COVERED, req] = seg, chain, covered
+
+
+@kernel
+def _kept_cursor(kv, req: int) -> tuple[int, int, int]:  # noqa: ANN001
+    """The cursor of ``block_key`` after the blocks of ``req`` looked at for caching (at its start if none)."""
+    kr = kv[0]
+    if kr[REGISTERED, req] == 0:
+        return key_cursor(kv, req)
+    return kr[CURSOR_SEG, req], kr[CURSOR_CHAIN, req], kr[CURSOR_COVERED, req]
 
 
 @kernel
@@ -281,6 +306,7 @@ def free(kv, req: int) -> int:  # noqa: ANN001
     """Release every block ``req`` holds; returns how many. Its cached blocks go back tail first (the longest-shared
     blocks are evicted last), those nobody else references onto the eviction list."""
     kr, ks, entries, bits, scratch = kv[0], kv[1], kv[3], kv[4], kv[8]
+    ks[LOOKED_UP] = EMPTY  # the scratch is this free's now
     blocks = kr[HELD, req]
     seg, chain, covered = key_cursor(kv, req)
     refs = 0
