@@ -220,10 +220,10 @@ def seat_use(records: RunRecords) -> dict[str, float | int | None]:
     if offered <= 0:
         return {"seats_offered": records.seats or None, "seat_utilization": None, "held_seat_fraction": None}
 
-    def active(k: slice) -> FloatArray:  # seats of requests still generating, times how long
+    def active(k: slice) -> npt.NDArray[Any]:  # seats of requests still generating, times how long
         return (seats[k] - held[k].astype(np.float64)) * (end[k] - start[k])
 
-    def holding(k: slice) -> FloatArray:  # seats held by finished requests, times how long
+    def holding(k: slice) -> npt.NDArray[Any]:  # seats held by finished requests, times how long
         return held[k].astype(np.float64) * (end[k] - start[k])
 
     return {
