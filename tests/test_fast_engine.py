@@ -42,6 +42,23 @@ def test_same_summary_on_both_engines_with_the_roofline(policy: str, extra: dict
         assert fast["total_preemptions"] > 0  # the small cache made them preempt: that path is compared too
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"enable_prefix_caching": True, "prefix_len": 512, "num_prefix_groups": 3},
+     {"enable_prefix_caching": True, "turns": 3, "think_time_s": 1.0, "num_prompts": 100},
+     {"turns": 3, "think_time_s": 0.5, "num_prompts": 100, "policy": "continuous"},
+     {"disaggregation": {"prefill": {"count": 1}, "decode": {"count": 2}}}],
+    ids=["prefix caching", "conversations cached", "conversations", "disaggregated"],
+)  # fmt: skip
+def test_every_kv_feature_gives_the_same_summary_on_both_engines(extra: dict) -> None:
+    policy = extra.pop("policy", "chunked")
+    fast = run_simulation(_config(policy, engine="compiled", **extra)).summary
+    reference = run_simulation(_config(policy, engine="reference", **extra)).summary
+    assert fast.pop("engine") == "compiled" and reference.pop("engine") == "reference"
+    fast["config"].pop("engine"), reference["config"].pop("engine")
+    assert fast == reference
+
+
 def test_histogram_itl_is_within_its_stated_error_of_exact() -> None:
     exact = run_simulation(_config("chunked", itl="exact")).summary
     hist = run_simulation(_config("chunked", itl="histogram")).summary
