@@ -1,20 +1,19 @@
 """The KV cache's state as arrays, the same for both engines: what ``sim.compiled.kv``'s kernels read and write.
 
-A cache is a tuple ``kv = (kr, ks, table, entries, bits, seg_ids, seg_tokens, seg_offsets, scratch)``:
+A cache is a tuple ``kv = (kr, ks, table, entries, refs, seg_ids, seg_tokens, seg_offsets, scratch)``:
 - ``kr`` int64 ``[row, request]``: the blocks each request holds (``HELD``), and with prefix caching its leading
   blocks looked at for caching (``REGISTERED``, with where their keys stood: ``CURSOR_*``), its full blocks
-  (``NKEYS``) and where its reference bits start (``BITS_AT``); under disaggregation the tokens whose KV it
+  (``NKEYS``) and where its references start (``REFS_AT``); under disaggregation the tokens whose KV it
   brought (``PRESENT``);
 - ``ks`` int64: scalars (``USED`` ...), the counters of the prefix cache among them;
 - ``table``: the prefix cache's index, open addressing over block keys, each slot a key and its entry (or ``EMPTY``);
 - ``entries`` int64 ``[row, entry]``: one per cached block: its key, the requests referencing it, and its place in
   the list of unreferenced cached blocks (least recently freed first, evicted first);
-- ``bits``: per request, one bit per full block: set where the request references the cached block (clear where its
-  block is private: nothing cached, or a copy of a block another request cached first);
+- ``refs`` int32: per request, one per full block: the entry of the cached copy it references, or ``EMPTY`` where
+  its block is private (nothing cached, or a copy of a block another request cached first);
 - ``seg_ids``, ``seg_tokens``, ``seg_offsets``: what the requests share (``sim.workload.prefixes.Prefixes``), from
   which the block keys are computed;
-- ``scratch``: room for one request's entries (``sim.compiled.prefix``: those a lookup found, for the take after it;
-  those a request frees).
+- ``scratch``: room for one request's entries (``sim.compiled.prefix``: those a lookup found, for the take after it).
 
 A cache without prefix caching keeps the prefix arrays at one element each; nothing reads them.
 """
@@ -25,11 +24,11 @@ import numpy as np
 import numpy.typing as npt
 
 IntArray = npt.NDArray[np.int64]
-KV = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]
+KV = tuple[IntArray, IntArray, IntArray, IntArray, npt.NDArray[np.int32], IntArray, IntArray, IntArray, IntArray]
 
 # rows of kr (CURSOR_*: where the keys of a request's blocks stood after the last one looked at for caching:
 # ``sim.compiled.prefix.block_key``'s cursor, so that caching the next block does not walk the segments again)
-HELD, REGISTERED, NKEYS, BITS_AT, PRESENT, CURSOR_SEG, CURSOR_CHAIN, CURSOR_COVERED = range(8)
+HELD, REGISTERED, NKEYS, REFS_AT, PRESENT, CURSOR_SEG, CURSOR_CHAIN, CURSOR_COVERED = range(8)
 NUM_KR = 8
 # indices of ks
 USED, NUM_BLOCKS, BLOCK_SIZE, WATERMARK, CACHING, TRANSFER, MASK = range(7)
@@ -66,7 +65,8 @@ def make_kv(
     ks[SHIFT] = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
     ks[LRU_HEAD] = ks[LRU_TAIL] = ks[LOOKED_UP] = EMPTY
     one = np.zeros(1, dtype=np.int64)
-    table, entries, bits, scratch = one.copy(), np.zeros((4, 1), dtype=np.int64), one.copy(), one.copy()
+    table, entries, scratch = one.copy(), np.zeros((4, 1), dtype=np.int64), one.copy()
+    refs = np.full(1, EMPTY, dtype=np.int32)
     seg_ids, seg_tokens, seg_offsets = one.copy(), one.copy(), one.copy()
     if present is not None:
         ks[TRANSFER] = 1
@@ -75,9 +75,8 @@ def make_kv(
         assert totals is not None
         ks[CACHING] = 1
         kr[NKEYS] = totals // block_size
-        words = (kr[NKEYS] + 63) // 64
-        kr[BITS_AT] = np.cumsum(words) - words
-        bits = np.zeros(max(int(words.sum()), 1), dtype=np.int64)
+        kr[REFS_AT] = np.cumsum(kr[NKEYS]) - kr[NKEYS]
+        refs = np.full(max(int(kr[NKEYS].sum()), 1), EMPTY, dtype=np.int32)  # 4 bytes a full block
         size = 1 << max(4, int(2 * (num_blocks + 1)).bit_length())  # at most a quarter full: short probes
         table = np.full(2 * size, EMPTY, dtype=np.int64)  # (key, entry) a slot
         ks[MASK] = size - 1
@@ -90,7 +89,7 @@ def make_kv(
             seg_ids, seg_tokens, seg_offsets = (np.array(a, dtype=np.int64) for a in segments)  # writable: one type
         else:
             seg_offsets = np.zeros(num_requests + 1, dtype=np.int64)
-    return kr, ks, table, entries, bits, seg_ids, seg_tokens, seg_offsets, scratch
+    return kr, ks, table, entries, refs, seg_ids, seg_tokens, seg_offsets, scratch
 
 
 def grow_rows(kv: KV, num_requests: int) -> KV:

@@ -14,7 +14,6 @@ import numpy.typing as npt
 
 from sim.compiled.jit import kernel
 from sim.compiled.kvstate import (
-    BITS_AT,
     BLOCK_SIZE,
     CACHED,
     CURSOR_CHAIN,
@@ -39,6 +38,7 @@ from sim.compiled.kvstate import (
     QUERY_BLOCKS,
     QUERY_TOKENS,
     REFS,
+    REFS_AT,
     REGISTERED,
     USED,
 )
@@ -195,20 +195,18 @@ def make_room(kv, blocks: int) -> None:  # noqa: ANN001
         ks[LOOKED_UP] = EMPTY
 
 
-# ---- what a request references (bit j of its words: it references its block j's cached entry) ----------------------
+# ---- what a request references (``refs[REFS_AT + j]``: the entry of its block j's cached copy, EMPTY if private) --
 
 
 @kernel
-def _set_bit(kv, req: int, j: int) -> None:  # noqa: ANN001
-    word = kv[0][BITS_AT, req] + j // 64
-    kv[4][word] |= np.int64(1) << np.int64(j % 64)
+def _refer(kv, req: int, j: int, e: int) -> None:  # noqa: ANN001
+    kv[4][kv[0][REFS_AT, req] + j] = e
 
 
 @kernel
 def references(kv, req: int, j: int) -> bool:  # noqa: ANN001
     """Whether ``req`` references the cached copy of its block ``j`` (rather than holding a private one)."""
-    word = kv[0][BITS_AT, req] + j // 64
-    return (kv[4][word] >> np.int64(j % 64)) & 1 != 0
+    return kv[4][kv[0][REFS_AT, req] + j] != EMPTY
 
 
 # ---- the cache's operations -----------------------------------------------------------------------------------------
@@ -251,7 +249,7 @@ def take(kv, req: int, hits: int, num_tokens: int) -> None:  # noqa: ANN001
             ks[CACHED] += 1
             ks[USED] += 1
         entries[REFS, e] += 1
-        _set_bit(kv, req, j)
+        _refer(kv, req, j, e)
     kr[HELD, req] = hits
     kr[REGISTERED, req] = hits
     _keep_cursor(kv, req, seg, chain, covered)
@@ -281,7 +279,7 @@ def register(kv, req: int, tokens: int) -> None:  # noqa: ANN001
         e = insert(kv, i, key)  # the request's own block becomes the cached one (used is unchanged)
         entries[REFS, e] = 1
         ks[CACHED] += 1
-        _set_bit(kv, req, j)
+        _refer(kv, req, j, e)
     kr[REGISTERED, req] = full
     _keep_cursor(kv, req, seg, chain, covered)
 
@@ -305,26 +303,22 @@ def _kept_cursor(kv, req: int) -> tuple[int, int, int]:  # noqa: ANN001
 def free(kv, req: int) -> int:  # noqa: ANN001
     """Release every block ``req`` holds; returns how many. Its cached blocks go back tail first (the longest-shared
     blocks are evicted last), those nobody else references onto the eviction list."""
-    kr, ks, entries, bits, scratch = kv[0], kv[1], kv[3], kv[4], kv[8]
-    ks[LOOKED_UP] = EMPTY  # the scratch is this free's now
+    kr, ks, entries, refs = kv[0], kv[1], kv[3], kv[4]
     blocks = kr[HELD, req]
-    seg, chain, covered = key_cursor(kv, req)
-    refs = 0
-    for j in range(min(kr[REGISTERED, req], kr[NKEYS, req])):
-        key, seg, chain, covered = block_key(kv, req, j, seg, chain, covered)
-        if references(kv, req, j):
-            scratch[refs] = find(kv, key)
-            refs += 1
-    ks[USED] -= blocks - refs  # its private blocks
-    for k in range(refs - 1, -1, -1):
-        e = scratch[k]
+    at = kr[REFS_AT, req]
+    shared = 0
+    for j in range(min(kr[REGISTERED, req], kr[NKEYS, req]) - 1, -1, -1):
+        e = refs[at + j]
+        if e == EMPTY:  # a private block
+            continue
+        refs[at + j] = EMPTY
+        shared += 1
         entries[REFS, e] -= 1
         if entries[REFS, e] == 0:
             ks[CACHED] -= 1
             lru_append(kv, e)
             ks[USED] -= 1
-    for w in range(kr[BITS_AT, req], kr[BITS_AT, req] + (kr[NKEYS, req] + 63) // 64):
-        bits[w] = 0
+    ks[USED] -= blocks - shared  # its private blocks
     kr[HELD, req] = 0
     kr[REGISTERED, req] = 0
     return blocks
