@@ -28,10 +28,15 @@ def test_paged_vs_static_runs_and_paging_wins(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_bench_measures_one_case_and_the_bare_loop() -> None:
-    row = bench.one_case("chunked", 300, "compiled", rate=20.0, seed=0)
+    row = bench.one_case("chunked", 300, "compiled", seed=0)
     assert row["requests"] == 300 and row["completed"] == 300 and row["iterations"] > 300
     assert row["engine"] == "compiled" and row["wall_s"] > 0 and row["peak_rss_mb"] > 0
     assert bench.bare_simpy(1000) > 0
+    cached = bench.one_case("chunked", 300, "compiled", feature="prefix-caching", seed=0)
+    assert cached["feature"] == "prefix-caching" and cached["completed"] == 300
+    # the goals compare a feature's time per iteration with the plain case of its size
+    lines = bench.goals([row, cached])
+    assert len(lines) == 1 and "prefix-caching" in lines[0] and "per iteration" in lines[0]
 
 
 def test_the_disaggregation_study_finds_each_layouts_goodput() -> None:

@@ -98,7 +98,10 @@ def test_probe_learns_the_limits_and_fits_the_host_time_per_step(server: VllmSer
     one = cost.iteration_time(IterationShape.of(decode=[(1, 128)]))
     assert abs(one / host["decode_step_s"] - 1) < 0.25, (one, host["decode_step_s"])
     settings = hw.provenance.settings or {}
-    assert float(settings["client_busy_s"]) > 0 and float(settings["client_s"]) > 0
+    assert float(settings["client_s"]) > 0  # one handling time per load: light (2 running) and heavy (16)
+    busy = [float(t) for t in str(settings["client_busy_s"]).split(",")]
+    seqs = [int(n) for n in str(settings["client_busy_seqs"]).split(",")]
+    assert len(busy) == len(seqs) >= 1 and all(t > 0 for t in busy) and all(n > 0 for n in seqs)
 
 
 def untrusted(report: dict) -> bool:
