@@ -5,13 +5,14 @@ BIN := $(VENV)/bin
 
 .PHONY: setup setup-test chromium vllm-venv conformance run teach explore data test lint clean
 
-# what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels)
+# what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels), with
+# NVIDIA's measured kernel tables (aiconfigurator-core, the measured extra) that the default profiles time kernels from
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[measured]'
 	touch $@
 
 # the tests also run the calibration and the real executor on the CPU: PyTorch (the CPU build 2.13.0 where this
