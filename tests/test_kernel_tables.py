@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from costmodel import CostModel, IterationShape, kerneldb, load_hardware, load_model
 from costmodel import formulas as f
 from costmodel import kernel_tables as kt
-from costmodel.calibration.measured import Piecewise, fit_database, fit_piecewise
+from costmodel.calibration.measured import Piecewise, fit_database, fit_piecewise, neighbour_spread
 from costmodel.hardware import KernelTables
 from experiments.cli import main
 
@@ -186,6 +186,19 @@ def test_fp8_quantization_and_an_fp8_kv_cache_use_their_own_tables(measured_h100
 
 
 # ---- the fit ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_database_s_own_spread_compares_each_gemm_with_the_one_a_row_larger() -> None:
+    rows = pd.DataFrame({
+        "gemm_dtype": ["bfloat16"] * 5 + ["fp8"],
+        "n": [64, 64, 64, 64, 128, 64], "k": [32] * 6, "m": [1, 2, 4, 5, 2, 3],
+        "latency_s": [1.0, 1.1, 2.0, 1.0, 9.0, 50.0],
+    })  # fmt: skip
+    spread = neighbour_spread(rows)
+    # pairs (1, 2) and (4, 5) of n=64: +10% and -50%; m=2 of n=128 has no neighbour, the fp8 row is not bf16
+    assert spread["n"] == 2
+    assert spread["median"] == pytest.approx(0.3) and spread["p90"] == pytest.approx(0.46)
+    assert neighbour_spread(rows[rows["m"] != 5].iloc[[0, 2]])["n"] == 0
 
 
 def test_a_piecewise_curve_with_a_floor_is_recovered_from_its_own_points() -> None:

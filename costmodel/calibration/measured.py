@@ -184,6 +184,22 @@ def class_points(system: str, framework: str, version: str, comm_version: str | 
     return out
 
 
+def neighbour_spread(gemm: pd.DataFrame) -> dict[str, float]:
+    """How far the database agrees with itself: over every bf16 GEMM measured at both m and m + 1 (the same n and
+    k; 1-3% more work at most), the median and p90 of |t(m + 1) / t(m) - 1| and how many pairs. No interpolation
+    can predict a held-out shape closer than its measured neighbours agree: kernel choices, tile and wave steps and
+    timing noise in the measurements show here."""
+    g = gemm[gemm["gemm_dtype"] == "bfloat16"].drop_duplicates(["n", "k", "m"]).set_index(["n", "k", "m"])
+    t = g["latency_s"]
+    nxt = pd.MultiIndex.from_arrays([t.index.get_level_values(0), t.index.get_level_values(1),
+                                     t.index.get_level_values(2) + 1])  # fmt: skip
+    have = nxt.isin(t.index)
+    if not have.any():
+        return {"n": 0, "median": float("nan"), "p90": float("nan")}
+    e = np.abs(t.loc[nxt[have]].to_numpy() / t.to_numpy()[have] - 1.0)
+    return {"n": int(len(e)), "median": float(np.median(e)), "p90": float(np.quantile(e, 0.9))}
+
+
 # ---- held-out predictions ------------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,9 @@ For each system of ``aiconfigurator-core`` that ferry has a device for (``SYSTEM
 TensorRT-LLM), this fits the device's datasheet profile to the engine's current release of the tables, as
 ``ferry calibrate --from-aiconfigurator SYSTEM --framework F`` does, and prints per kernel class (GEMM, prefill and
 decode attention, all-reduce) the held-out median and p90 of |predicted / measured - 1|, for the fitted curves alone
-and for the tables (what ferry uses where the package is installed). About 3 s per profile.
+and for the tables (what ferry uses where the package is installed), over every measured shape and over the shapes
+of ferry's built-in dense models (``--markdown``: both as the README's tables), beside how far the database agrees
+with itself (``measured.neighbour_spread``: its GEMMs at m and m + 1). About 3 s per profile.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from costmodel import kerneldb
 from costmodel.calibration.aiconfigurator import FRAMEWORKS, SYSTEMS, profile_name
-from costmodel.calibration.measured import fit_database
+from costmodel.calibration.measured import fit_database, neighbour_spread
 from costmodel.hardware import PROFILES_DIR, load_hardware, save_hardware
 
 LABELS = {"gemm": "GEMM", "attention_prefill": "prefill attention", "attention_decode": "decode attention",
@@ -38,26 +41,38 @@ def fit_all(systems: list[str], frameworks: list[str], write: Path | None) -> pd
             if write is not None:
                 save_hardware(fitted.profile, write / f"{name}.yaml",
                               f"ferry calibrate --from-aiconfigurator {system} --framework {framework}")  # fmt: skip
+            gemm = kerneldb.read(system, "gemm_perf", framework, tables.version)
+            spread = {f"spread_{k}": v for k, v in neighbour_spread(gemm).items()}
             for r in fitted.errors.to_dict(orient="records"):
-                rows.append({"profile": name, "system": system, "framework": framework, "version": tables.version} | r)
+                rows.append({"profile": name, "system": system, "framework": framework, "version": tables.version}
+                            | r | spread)  # fmt: skip
             print(f"{name}: {tables.describe()}", flush=True)
     return pd.DataFrame(rows)
 
 
-def markdown(errors: pd.DataFrame) -> str:
-    """The README table: one row per profile, per class the held-out median / p90 of the tables (and the curves)."""
+def markdown(errors: pd.DataFrame, models: bool = False) -> str:
+    """The README table: one row per profile, per class the held-out median / p90 of the tables (and the curves);
+    ``models``: of the tables on the held-out shapes of ferry's built-in dense models alone (and how many)."""
     classes = [c for c in LABELS if c in set(errors["op_class"])]
-    head = "| profile | engine | " + " | ".join(f"{LABELS[c]}: tables (curves)" for c in classes) + " |"
-    lines = [head, "| --- | --- |" + " --- |" * len(classes)]
+    what = "tables, ferry's models (shapes)" if models else "tables (curves)"
+    head = "| profile | engine | " + " | ".join(f"{LABELS[c]}: {what}" for c in classes) + " |"
+    head += "" if models else " GEMM m vs m + 1 in the database |"
+    lines = [head, "| --- | --- |" + " --- |" * (len(classes) + (not models))]
     for (profile, framework, version), g in errors.groupby(["profile", "framework", "version"], sort=False):
         cells = []
         for c in classes:
             r = g[g["op_class"] == c]
-            if r.empty:
+            if r.empty or (models and not r.iloc[0].models_held_out):
                 cells.append("not measured")
                 continue
             r = r.iloc[0]
-            cells.append(f"{r.table_median:.1%} / {r.table_p90:.1%} ({r.curve_median:.0%} / {r.curve_p90:.0%})")
+            if models:
+                cells.append(f"{r.models_median:.1%} / {r.models_p90:.1%} ({r.models_held_out:,})")
+            else:
+                cells.append(f"{r.table_median:.1%} / {r.table_p90:.1%} ({r.curve_median:.0%} / {r.curve_p90:.0%})")
+        if not models:
+            r = g.iloc[0]
+            cells.append(f"{r.spread_median:.1%} / {r.spread_p90:.1%}")
         lines.append(f"| `{profile}` | {framework} {version} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -72,11 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     errors = fit_all(args.systems, args.frameworks, PROFILES_DIR if args.write else None)
     if args.markdown:
         print(markdown(errors))
+        print()
+        print(markdown(errors, models=True))
     else:
         shown = errors.assign(
             **{c: errors[c].map("{:.1%}".format) for c in errors.columns if "median" in c or "p90" in c}
         )
-        print(shown.drop(columns=["curve_bias", "table_bias", "system"]).to_string(index=False))
+        print(shown.drop(columns=["curve_bias", "table_bias", "system", "spread_n"]).to_string(index=False))
     return 0
 
 
