@@ -5,8 +5,8 @@ the cost of each feature per iteration against the plain case.
     python -m experiments.studies.bench --sizes 10000 100000 --workloads light --policies continuous chunked
     python -m experiments.studies.bench --sizes 20000 --engines reference --features prefix-caching disaggregated
 
-Workloads, all llama-3-8b on h100-sxm with the limits a default ``vllm serve`` picks there, Poisson arrivals at 20
-requests/s (busy without ever idling, below saturation):
+Workloads, all llama-3-8b on h100-sxm (``--hardware``) with the limits a default ``vllm serve`` picks there,
+Poisson arrivals at 20 requests/s (busy without ever idling, below saturation):
 - ``light``: ShareGPT-like lengths (lognormal with the vLLM paper's ShareGPT means: 161 prompt and 338 output
   tokens): with the device profile of December 2026, about 60 sequences per iteration, 5.4 iterations per request;
 - ``busy``: the same prompts with longer answers (mean 512 output tokens): about 110 sequences per iteration, 4.4
@@ -50,15 +50,17 @@ FEATURES: dict[str, dict[str, Any]] = {
     "disaggregated": {"disaggregation": {"prefill": {"count": 1}, "decode": {"count": 1}}},
 }
 GOAL_WALL_S, GOAL_RSS_MB, GOAL_SIZE, GOAL_FEATURE_RATIO = 10.0, 1024.0, 1_000_000, 2.0
+HARDWARE = "h100-sxm"  # the device profile of every case (--hardware): kernels timed from its measured tables
 
 
 def case_config(
-    policy: str, size: int, engine: str, workload: str, feature: str | None, seed: int, **extra: Any
-) -> Any:
+    policy: str, size: int, engine: str, workload: str, feature: str | None, seed: int, hardware: str = HARDWARE,
+    **extra: Any,
+) -> Any:  # fmt: skip
     """The run config of one case (``extra``: run config fields that replace the case's)."""
     from experiments.config import RunConfig
 
-    fields: dict[str, Any] = {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": policy, "engine": engine,
+    fields: dict[str, Any] = {"model": "llama-3-8b", "hardware": hardware, "policy": policy, "engine": engine,
                               "num_prompts": size, "seed": seed} | WORKLOADS[workload]  # fmt: skip
     if feature is not None:
         fields |= FEATURES[feature]
@@ -68,17 +70,18 @@ def case_config(
 
 
 def one_case(
-    policy: str, size: int, engine: str, workload: str = "light", feature: str | None = None, seed: int = 0
-) -> dict[str, Any]:
+    policy: str, size: int, engine: str, workload: str = "light", feature: str | None = None, seed: int = 0,
+    hardware: str = HARDWARE,
+) -> dict[str, Any]:  # fmt: skip
     """Run one case in this process and measure it."""
     from experiments.simulation import build_workload, run_simulation
 
     t = time.perf_counter()
-    run_simulation(case_config(policy, 200, engine, workload, feature, seed))  # warm-up: load (or compile) the code
+    run_simulation(case_config(policy, 200, engine, workload, feature, seed, hardware))  # warm-up: load the code
     warmup = time.perf_counter() - t
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
-    cfg = case_config(policy, size, engine, workload, feature, seed)
+    cfg = case_config(policy, size, engine, workload, feature, seed, hardware)
     workload_ = build_workload(cfg)
     t1 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -119,10 +122,12 @@ def bare_simpy(timeouts: int) -> float:
     return time.perf_counter() - t
 
 
-def run_case(policy: str, size: int, engine: str, workload: str, feature: str | None, seed: int) -> dict[str, Any]:
+def run_case(
+    policy: str, size: int, engine: str, workload: str, feature: str | None, seed: int, hardware: str = HARDWARE
+) -> dict[str, Any]:
     """``one_case`` in a fresh process."""
     cmd = [sys.executable, "-m", "experiments.studies.bench", "--one", policy, str(size), engine, workload,
-           feature or "-", "--seed", str(seed)]  # fmt: skip
+           feature or "-", "--seed", str(seed), "--hardware", hardware]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return row
@@ -172,12 +177,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="features to time against the plain case (none: --features with no value)")  # fmt: skip
     p.add_argument("--feature-size", type=int, default=100_000, help="requests of each feature's case")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hardware", default=HARDWARE,
+                   help=f"device profile of every case (default {HARDWARE}; e.g. h100-sxm.datasheet: the roofline "
+                        "alone, no measured tables)")  # fmt: skip
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # POLICY SIZE ENGINE WORKLOAD FEATURE: one case, as JSON
     args = p.parse_args(argv)
     if args.one:
         policy, size, engine, workload, feature = args.one
-        row = one_case(policy, int(size), engine, workload, None if feature == "-" else feature, args.seed)
+        row = one_case(policy, int(size), engine, workload, None if feature == "-" else feature, args.seed,
+                       args.hardware)  # fmt: skip
         print(json.dumps(row))
         return 0
 
@@ -193,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     rows = []
     for policy, size, engine, workload, feature in cases:
-        row = run_case(policy, size, engine, workload, feature, args.seed)
+        row = run_case(policy, size, engine, workload, feature, args.seed, args.hardware)
         row["simpy_s"] = bare_simpy(row["iterations"])
         row["ratio"] = row["wall_s"] / row["simpy_s"]
         rows.append(row)
