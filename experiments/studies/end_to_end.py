@@ -3,14 +3,21 @@
     python -m experiments.studies.end_to_end                 # every source (about 10 minutes on 2 cores)
     python -m experiments.studies.end_to_end --quick         # every 4th setting of each source
     python -m experiments.studies.end_to_end --hardware-suffix .datasheet   # the same runs on the datasheet profiles
+    python -m experiments.studies.end_to_end --clients open  # fixed concurrency as evenly spaced arrivals instead
 
 The sources, their settings and their citations are in ``experiments/studies/published.yaml``: NVIDIA TensorRT-LLM's
 throughput tables (output tokens/s at an infinite rate, simulated with every request queued at once), and NVIDIA's
 measured serving runs shipped in aiconfigurator-core 0.12.0 (``systems/silicon_sample.csv``, read from the installed
-package: mean TTFT and TPOT at a fixed concurrency, simulated as arrivals at the rate that keeps that many requests in
-flight). The profiles are fitted to NVIDIA's kernel tables only; none of these numbers was fitted on. Each point is
-simulated with ``ferry run``'s code (``experiments.simulation.run_simulation``); the summary is, per source and
-metric, the median and p90 of |ferry / published - 1| and the median signed error (< 0: ferry predicts less).
+package: mean TTFT and TPOT at a fixed concurrency, simulated as that many clients in a closed loop, each sending its
+next request when the last has ended, ten requests each). The profiles are fitted to NVIDIA's kernel tables only;
+none of these numbers was fitted on. Each point is simulated with ``ferry run``'s code
+(``experiments.simulation.run_simulation``); the summary is, per source and metric, the median and p90 of
+|ferry / published - 1| and the median signed error (< 0: ferry predicts less).
+
+A fixed-concurrency TTFT depends on how the benchmark's clients send: a closed loop whose clients all start at once,
+with requests of one length, stays in step (each round's requests arrive together and queue behind each other's
+prefills), while clients that drift apart, or evenly spaced arrivals (``--clients open``), do not; the silicon rows
+do not say which, so both bound ferry's TTFT there (the README gives both).
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from costmodel import kerneldb, strict_yaml
+from sim.workload import Workload
 
 PUBLISHED = Path(__file__).with_name("published.yaml")
 # silicon_sample.csv's model paths -> ferry's models; its systems -> ferry's devices
@@ -37,6 +46,7 @@ DEVICES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
 ENGINES = {"vllm": "", "sglang": ".sglang", "trtllm": ".trtllm"}
 QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 # TensorRT-LLM's throughput runs: its documented defaults (published.yaml, settings)
+ROUNDS = 10  # requests each client of a fixed-concurrency run sends (the silicon runs' count is not published)
 TRTLLM_THROUGHPUT = {"policy": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,
                      "kv_reservation": "output", "gpu_memory_utilization": 0.95, "kv_cache_dtype": "fp8"}  # fmt: skip
 
@@ -49,7 +59,7 @@ class Point:
     metric: str  # a key of ferry's summary
     published: float
     config: dict[str, Any]  # RunConfig fields
-    concurrency: int | None = None  # requests kept in flight (None: the config's own arrivals)
+    concurrency: int | None = None  # clients in a closed loop (None: the config's own arrivals)
     label: str = ""
     predicted: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
@@ -78,7 +88,7 @@ def silicon_points() -> list[Point]:
         concurrency = int(r.batch_size)
         config = {"model": SILICON_MODELS[r.model_path], "hardware": DEVICES[r.system] + ENGINES[r.backend],
                   "tensor_parallel_size": int(r.tp_size), "quantization": quant, "policy": "chunked",
-                  "input_len": int(r.isl), "output_len": int(r.osl), "burstiness": 100.0}  # fmt: skip
+                  "input_len": int(r.isl), "output_len": int(r.osl)}  # fmt: skip
         if r.backend == "trtllm" and quant is not None:  # a ModelOpt checkpoint: its KV cache is FP8
             config["kv_cache_dtype"] = "fp8"
         label = (f"{r.backend} {r.backend_version if isinstance(r.backend_version, str) else ''} "
@@ -97,10 +107,36 @@ def _summary(config: dict[str, Any]) -> dict[str, Any]:
     return run_simulation(RunConfig.model_validate(config), detail=False).summary
 
 
-def closed_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict[str, Any]:
+def clients(workload: Workload, concurrency: int) -> Workload:
+    """``workload``'s requests sent by a closed loop of ``concurrency`` clients: each sends its first request at 0 and
+    each next one the moment the response to its last has ended (client ``i`` sends rows ``i``, ``i + c``, ``i + 2c``,
+    ...: sessions of independent requests, no think time), as a benchmark at a fixed concurrency runs (genai-perf's
+    and aiperf's ``--concurrency``; ``vllm bench serve --max-concurrency`` with every request due at once gives the
+    next free slot the next request, the same thing when all requests have one length)."""
+    rows = np.arange(len(workload))
+    after = np.where(rows >= concurrency, rows - concurrency, -1)
+    arrival = np.where(after < 0, 0.0, np.nan)
+    return Workload(arrival, np.asarray(workload.prompt_tokens), np.asarray(workload.output_tokens),
+                    source=f"{workload.source}, closed loop of {concurrency} clients", after=after,
+                    think_s=np.zeros(len(rows)))  # fmt: skip
+
+
+def closed_loop(config: dict[str, Any], concurrency: int, rounds: int = ROUNDS) -> dict[str, Any]:
+    """The summary of ``rounds`` requests from each of ``concurrency`` clients in a closed loop (``clients``): the
+    first round arrives at once, as a benchmark starts, and the means are over every request, as it reports them."""
+    from experiments.config import RunConfig
+    from experiments.simulation import build_workload, run_simulation
+
+    run = RunConfig.model_validate(config | {"num_prompts": rounds * concurrency, "request_rate": math.inf})
+    return run_simulation(run, clients(build_workload(run), concurrency), detail=False).summary
+
+
+def open_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict[str, Any]:
     """The summary of a run that keeps ``concurrency`` requests in flight on average (Little's law: arrival rate x
     mean end-to-end latency = concurrency), the rate found by bisection in log space (the in-flight count grows with
-    the rate; a rate past the replica's capacity builds a queue and is too high), within 3%."""
+    the rate; a rate past the replica's capacity builds a queue and is too high), within 3%: arrivals that never wait
+    for a response (nearly evenly spaced: burstiness 100), so no request arrives with others at once."""
+    config = config | {"burstiness": 100.0}
     n = max(10 * concurrency, 40)
     alone = _summary(config | {"num_prompts": 1, "request_rate": math.inf})["mean_e2el_ms"] / 1e3
     low, high = math.log(1e-3 / alone), math.log(2.0 * concurrency / alone)
@@ -119,14 +155,16 @@ def closed_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> di
     return best[1]
 
 
-def predict(points: list[Point], suffix: str = "") -> None:
-    """Fill each point's prediction (runs shared by the points of one setting)."""
+def predict(points: list[Point], suffix: str = "", clients_: str = "closed") -> None:
+    """Fill each point's prediction (runs shared by the points of one setting); a fixed-concurrency point runs as a
+    closed loop of clients (``closed_loop``) or as arrivals at the rate that keeps as many in flight (``open_loop``)."""
     cache: dict[str, dict[str, Any]] = {}
+    loop = closed_loop if clients_ == "closed" else open_loop
     for p in points:
         config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
         key = repr(sorted(config.items())) + repr(p.concurrency)
         if key not in cache:
-            cache[key] = closed_loop(config, p.concurrency) if p.concurrency else _summary(config)
+            cache[key] = loop(config, p.concurrency) if p.concurrency else _summary(config)
         p.predicted = float(cache[key][p.metric])
 
 
@@ -148,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sources", nargs="+", default=["trtllm-perf-overview", "nvidia-silicon"])
     p.add_argument("--hardware-suffix", default="", help="run every point on DEVICE+SUFFIX (e.g. .datasheet)")
     p.add_argument("--points", type=Path, default=None, help="write every point (CSV)")
+    p.add_argument("--clients", choices=("closed", "open"), default="closed",
+                   help="a fixed-concurrency run as a closed loop of that many clients (default), or as arrivals at "
+                        "the rate that keeps as many requests in flight")  # fmt: skip
     args = p.parse_args(argv)
     published = strict_yaml.load(PUBLISHED.read_text())["sources"]
     points: list[Point] = []
@@ -159,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = sorted({(p.source, p.label) for p in points})
         kept = set(settings[::4])
         points = [p for p in points if (p.source, p.label) in kept]
-    predict(points, args.hardware_suffix)
+    predict(points, args.hardware_suffix, args.clients)
     if args.points:
         pd.DataFrame([vars(p) for p in points]).to_csv(args.points, index=False)
     result = table(points)
