@@ -136,3 +136,19 @@ def test_a_disaggregated_candidate_is_minimal_in_units_and_counts_its_gpus(capsy
     together = plan_candidate(Candidate("h100-sxm", 1, "chunked"), light, work, SLO, router="least_requests")
     table = report.table([result, together], {}, SLO)
     assert f"{result.replicas}P+{2 * result.replicas}D" in table and " wins: best aggregated " in table
+
+
+def test_a_profile_of_a_priced_device_costs_what_the_device_costs(plan) -> None:  # noqa: ANN001
+    from dataclasses import replace
+
+    from costmodel.prices import load_prices
+    from experiments.plan.report import economics
+
+    prices = load_prices()
+    fitted = economics(plan, prices)
+    assert fitted["usd_per_hour"] is not None and fitted["usd_per_hour"] > 0
+    for name in ("h100-sxm.datasheet", "h100-sxm.sglang"):  # no entry of their own: the device's price
+        other = replace(plan, candidate=replace(plan.candidate, hardware=name))
+        assert economics(other, prices)["usd_per_hour"] == fitted["usd_per_hour"]
+    unpriced = replace(plan, candidate=replace(plan.candidate, hardware="my-gpu"))
+    assert economics(unpriced, prices)["usd_per_hour"] is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from costmodel.prices import Price
+from costmodel.prices import Price, price_of
 from experiments.plan.search import CandidateResult
 from experiments.plan.slo import SLO
 
@@ -17,7 +17,10 @@ def economics(result: CandidateResult, prices: dict[str, Price]) -> dict[str, fl
     the SLO."""
     if result.gpus is None:
         return {"usd_per_hour": None, "goodput_per_gpu": None, "usd_per_million_output_tokens": None}
-    price = prices.get(result.candidate.hardware)
+    try:  # a profile's own price, else its device's (h100-sxm.datasheet is priced as h100-sxm)
+        price: Price | None = price_of(prices, result.candidate.hardware)
+    except ValueError:
+        price = None
     per_hour = price.usd_per_gpu_hour * result.gpus if price is not None else None
     goodput = result.achieved["goodput_share"] * result.achieved["target_rate"]
     tokens_per_s = result.achieved["offered_output_tokens_per_s"]
