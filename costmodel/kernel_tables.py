@@ -33,6 +33,7 @@ carry a measurement from one head count or GEMM size to another; the roofline's 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,7 +277,41 @@ def model_roofs(
     return np.log(out)
 
 
+_BUILT: OrderedDict[str, Tables] = OrderedDict()  # the tables last built, by everything they depend on
+BUILT_KEPT = 32  # cost models a process keeps the tables of (a sweep's points share a few)
+
+
 def build(
+    ref: KernelTables,
+    spec: ModelSpec,
+    tp: int,
+    dtypes: Dtypes,
+    gemm_dtype: str,
+    consts: FloatArray,
+    kernel_params: FloatArray,
+    root: Path | None = None,
+    *,
+    part_formats: dict[str, str] | None = None,
+    compute_formats: dict[str, str] | None = None,
+) -> Tables:
+    """``build_tables``, kept for the next cost model of the same inputs (a sweep builds the same model and device
+    for every point: reading the database's tables into ferry's grid takes tens of milliseconds each time). Nothing
+    writes to a built table; the key is every input, the package's version included."""
+    key = repr((ref.model_dump_json(), spec, tp, dtypes, gemm_dtype, consts.tobytes(), kernel_params.tobytes(),
+                str(root), kerneldb.installed_version(), sorted((part_formats or {}).items()),
+                sorted((compute_formats or {}).items())))  # fmt: skip
+    if key in _BUILT:
+        _BUILT.move_to_end(key)
+        return _BUILT[key]
+    tables = build_tables(ref, spec, tp, dtypes, gemm_dtype, consts, kernel_params, root,
+                          part_formats=part_formats, compute_formats=compute_formats)  # fmt: skip
+    _BUILT[key] = tables
+    while len(_BUILT) > BUILT_KEPT:
+        _BUILT.popitem(last=False)
+    return tables
+
+
+def build_tables(
     ref: KernelTables,
     spec: ModelSpec,
     tp: int,
