@@ -297,6 +297,9 @@ def build(
     """``build_tables``, kept for the next cost model of the same inputs (a sweep builds the same model and device
     for every point: reading the database's tables into ferry's grid takes tens of milliseconds each time). Nothing
     writes to a built table; the key is every input, the package's version included."""
+    missing = kerneldb.unavailable(ref.package_version) if root is None else None
+    if missing:  # asked every time: a kept table is no answer when the package is gone
+        raise ValueError(missing)
     key = repr((ref.model_dump_json(), spec, tp, dtypes, gemm_dtype, consts.tobytes(), kernel_params.tobytes(),
                 str(root), kerneldb.installed_version(), sorted((part_formats or {}).items()),
                 sorted((compute_formats or {}).items())))  # fmt: skip
