@@ -16,8 +16,9 @@ from costmodel import load_hardware
 from costmodel.hardware import HardwareProfile
 from experiments.commands.validate_url import limit_mismatches
 from experiments.real.client import Stream, held_back
-from experiments.real.handling import handling_of, measured_handling
+from experiments.real.handling import handling_of, measured_handling, measured_wake
 from experiments.real.limits import ServerLimits, from_metrics, from_server_info, read_limits, server_root
+from experiments.real.probe import ProbeRun, idle_handling
 
 SERVER_INFO = {
     "vllm_config": {
@@ -100,6 +101,40 @@ def test_handling_follows_the_loads_the_probe_measured_by_the_requests_in_flight
     assert got == pytest.approx([0.004, 0.004, 0.009, 0.010, 0.011, 0.004])
 
 
+def test_a_request_that_finds_the_server_idle_waits_what_its_silence_measured() -> None:
+    arrival = np.array([0.0, 1.0, 1.1, 1.2, 1.3, 5.0])
+    finish = np.array([0.5, 2.0, 2.0, 2.0, 2.0, 6.0])
+    # in flight at each arrival: 0, 0, 1, 2, 3, 0; silent before the idle ones: since before the run, 0.5 s, 3 s
+    wake = [(0.1, 0.001), (1.0, 0.005)]
+    got = handling_of(arrival, finish, idle_s=0.004, busy=[(2, 0.010)], wake=wake)
+    between = 0.001 + (0.5 - 0.1) / (1.0 - 0.1) * 0.004  # 0.5 s: linear between the pauses measured
+    assert got == pytest.approx([0.009, 0.004 + between, 0.007, 0.010, 0.010, 0.009])  # held beyond the last
+    assert handling_of(arrival, finish, 0.004, [(2, 0.010)], wake=[]) == pytest.approx(
+        handling_of(arrival, finish, 0.004, [(2, 0.010)])
+    )
+
+
+def _answered(sent: float, ttft: float) -> Stream:
+    s = Stream(sent, 64, 1)
+    s.chunk_s = [sent + ttft]
+    return s
+
+
+def test_the_idle_experiments_give_what_each_pause_adds_to_a_first_token() -> None:
+    run = ProbeRun("http://x/v1", "m", None, False, [])
+    assert idle_handling(run) == []  # not measured
+    for k in range(3):
+        t = 10.0 * k
+        run.wake += [(0.0, _answered(t, 0.007)), (0.1, _answered(t + 1, 0.0075)),
+                     (0.3, _answered(t + 2, 0.011 + 0.001 * k)), (1.0, _answered(t + 3, 0.006))]  # fmt: skip
+    failed = Stream(50.0, 64, 1)
+    failed.error = "HTTP 500"
+    run.wake.append((1.0, failed))  # a failed request times nothing
+    assert idle_handling(run) == [(0.1, pytest.approx(0.0005)), (0.3, pytest.approx(0.005)), (1.0, 0.0)]  # never < 0
+    run.wake = [(p, s) for p, s in run.wake if p > 0]
+    assert idle_handling(run) == []  # nothing sent awake to compare with
+
+
 def _with_settings(settings: dict[str, str]) -> HardwareProfile:
     hw = load_hardware("a100-40g")
     return hw.model_copy(update={"provenance": hw.provenance.model_copy(update={"settings": settings})})
@@ -120,6 +155,15 @@ def test_handling_is_read_from_a_profiles_settings_old_and_new() -> None:
     for bad in bad_ones:
         with pytest.raises(ValueError, match="client_busy_s") as err:
             measured_handling(_with_settings(bad))
+        assert "\n" not in str(err.value)
+    assert measured_wake(_with_settings(new)) == []
+    idle = {"client_idle_s": "0.001,0.004", "client_idle_after_s": "0.1,1"}
+    assert measured_wake(_with_settings(idle)) == [(0.1, 0.001), (1.0, 0.004)]
+    for bad in ({"client_idle_s": "0.001"}, {"client_idle_s": "0.001,x", "client_idle_after_s": "0.1,1"},
+                {"client_idle_s": "0.001,0.004", "client_idle_after_s": "1,0.1"},
+                {"client_idle_s": "-1", "client_idle_after_s": "0.1"}):  # fmt: skip
+        with pytest.raises(ValueError, match="client_idle_s") as err:
+            measured_wake(_with_settings(bad))
         assert "\n" not in str(err.value)
 
 

@@ -45,6 +45,16 @@ from experiments.real.probe_report import format_report
 DEFAULT = ProbePlan()
 
 
+def _pauses(text: str) -> tuple[float, ...]:
+    """``--idle-pauses``: comma-separated seconds, or ``none``."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated seconds, e.g. 0.1,0.3,1, or none") from None
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "probe",
@@ -90,6 +100,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-prompt", type=int, default=DEFAULT.max_prompt, help="longest prompt (tokens)")
     p.add_argument("--decode-tokens", type=int, default=DEFAULT.decode_tokens, help="tokens per decoding request")
     p.add_argument("--repeats", type=int, default=DEFAULT.repeats, help="requests per prompt length (median kept)")
+    p.add_argument("--idle-pauses", type=_pauses, default=DEFAULT.idle_pauses, metavar="S,S,...",
+                   help="seconds of silence before the idle experiments' prompts, to measure what an idle server adds "
+                        "before its next first token (default %(default)s; 'none' skips them)")  # fmt: skip
     p.add_argument(
         "--batch-sizes",
         default=",".join(map(str, DEFAULT.batch_sizes)),
@@ -124,6 +137,7 @@ def handle(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        idle_pauses=tuple(args.idle_pauses),
     )
     plan.check()
     config = args.model_config or args.model
@@ -167,6 +181,7 @@ def handle(args: argparse.Namespace) -> int:
         "client_busy_s": fitted.busy_s,
         "client_busy_seqs": fitted.busy_seqs,
         "client_busy": [{"running": n, "s": t} for n, t in fitted.busy],
+        "client_idle": [{"after_s": p, "s": t} for p, t in fitted.wake],
         "host": fitted.host,
         "held_out_error": fitted.errors.to_dict(orient="records"),
     }

@@ -19,8 +19,9 @@ failures are kept in ``comparison.json`` (``failed``) and printed above the tabl
 What the simulation does not model is said beside the table: the request handling before a first token that the
 probe measured (``experiments.real.handling``: on an idle server and into running decodes at the loads it measured,
 in ``comparison.json`` as ``client_handling_ms``, ``client_busy_handling`` and ``client_busy_handling_ms`` for the
-heaviest; and the TTFTs with each request's handling added to the simulated ones, ``with_handling``, by the requests
-the simulation had in flight at its arrival), and the scheduler limits the server states (``experiments.real.limits``: a
+heaviest, and what an idle server adds, ``client_idle_handling``; and the TTFTs with each request's handling added to
+the simulated ones, ``with_handling``, by the requests the simulation had in flight at its arrival and how long it had
+been idle), and the scheduler limits the server states (``experiments.real.limits``: a
 ``note`` when they differ from the flags the simulation ran with, ``server_limits`` in ``comparison.json``).
 """
 
@@ -37,7 +38,7 @@ from costmodel import load_hardware
 from experiments.config import RunConfig
 from experiments.real import client as C
 from experiments.real.client import Prompts, replay_trace
-from experiments.real.handling import handling_of, measured_handling
+from experiments.real.handling import handling_of, measured_handling, measured_wake
 from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.measured import blank_server_side, records_of
 from experiments.simulation import build_replica, build_workload
@@ -92,16 +93,19 @@ def validate_url(
     comparison["url"] = url
     comparison["prompt_seed"] = prompt_seed
     client_s, busy = measured_handling(hardware)
+    wake = measured_wake(hardware)
     comparison["client_handling_ms"] = 1e3 * client_s
+    comparison["client_idle_handling"] = [{"after_s": p, "ms": 1e3 * t} for p, t in wake]
     comparison["client_busy_handling_ms"] = 1e3 * (busy[-1][1] if busy else client_s)  # the heaviest load measured
     comparison["client_busy_handling"] = [{"running": n, "ms": 1e3 * t} for n, t in busy]
     notes = []
-    if client_s or busy:
-        added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy)
+    if client_s or busy or wake:
+        added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy, wake)
         ttft = simulated.requests.first_token - simulated.requests.arrival
         comparison["with_handling"] = handled = with_handling(comparison["metrics"], ttft + added)
         err = handled["median_ttft_ms"]["rel_error"]
         loads = "".join(f", {1e3 * t:.2f} ms into {n} running decodes" for n, t in busy)
+        loads += "".join(f", {1e3 * t:.2f} ms more after {p:g} s idle" for p, t in wake)
         notes.append(
             f"the probe measured {1e3 * client_s:.2f} ms of request handling before a first token on an idle "
             f"server{loads}, which the simulation does not add (its TTFT starts at the iteration)"

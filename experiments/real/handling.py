@@ -7,7 +7,13 @@ back) and arriving into running decodes, at a light and a heavy load (``client_b
 requests decoding, comma-separated, one per load): a server's front end streams every running request's tokens,
 and a new request's handling waits behind that work. Between the loads measured, the handling is interpolated
 linearly in the requests in flight, and held at the heaviest beyond it: the line between measured points is an
-assumption."""
+assumption.
+
+A server left idle adds more (``client_idle_s`` after ``client_idle_after_s`` seconds of silence, one value per
+pause the probe measured): its engine or its threads go to sleep, and its next first token comes later than one
+sent to it awake (vLLM 0.32 on a CPU: about 4 ms more after 0.3 s, 5 ms after a second). A request arriving with
+none in flight waits that much more, by how long the simulated server had been without one (since the last
+response ended; the whole run before the first), linearly between the pauses measured and held beyond the last."""
 
 from __future__ import annotations
 
@@ -47,14 +53,44 @@ def measured_handling(hardware: HardwareProfile) -> tuple[float, list[tuple[int,
     return idle, sorted(zip(counts, times, strict=True))
 
 
+def measured_wake(hardware: HardwareProfile) -> list[tuple[float, float]]:
+    """What a profile's probe measured an idle server to add before a first token: (seconds idle, seconds more), by
+    pause (empty when it measured none). ValueError, one line, for settings that do not parse."""
+    seconds, after = _setting(hardware, "client_idle_s"), _setting(hardware, "client_idle_after_s")
+    if seconds is None and after is None:
+        return []
+    try:
+        times = [float(x) for x in (seconds or "").split(",")]
+        pauses = [float(x) for x in (after or "").split(",")]
+    except ValueError:
+        times, pauses = [], []
+    if not times or len(times) != len(pauses) or min(times) < 0 or pauses != sorted(set(pauses)) or pauses[0] <= 0:
+        raise ValueError(
+            f"profile {hardware.name!r}: client_idle_s {seconds!r} and client_idle_after_s {after!r} must pair one "
+            "time >= 0 with each pause > 0, the pauses rising, comma-separated"
+        )
+    return list(zip(pauses, times, strict=True))
+
+
 def handling_of(
-    arrival: FloatArray, finish: FloatArray, idle_s: float, busy: list[tuple[int, float]]
+    arrival: FloatArray, finish: FloatArray, idle_s: float, busy: list[tuple[int, float]],
+    wake: list[tuple[float, float]] | None = None,
 ) -> FloatArray:  # fmt: skip
     """Per request, the handling a client waits beyond its simulated TTFT (s), by the requests in flight in the
     simulation at its arrival (arrived, not finished): ``idle_s`` with none, through the ``busy`` points (requests
-    decoding, s) linearly, held at the last beyond it."""
-    a, f = np.sort(arrival), np.sort(finish)
+    decoding, s) linearly, held at the last beyond it; with none in flight, also what the server's silence since the
+    last response ended adds (``wake``: (seconds idle, seconds more), linearly from none at 0, held beyond the last;
+    the first request finds the server idle since before the run)."""
+    a, f = np.sort(arrival), np.sort(finish[np.isfinite(finish)])
     in_flight = np.searchsorted(a, arrival, side="right") - 1 - np.searchsorted(f, arrival, side="right")
     loads = np.array([0.0] + [float(n) for n, _ in busy])
     times = np.array([idle_s] + [t for _, t in busy])
-    return np.interp(in_flight.astype(np.float64), loads, times)
+    out = np.interp(in_flight.astype(np.float64), loads, times)
+    if wake:
+        ended = np.searchsorted(f, arrival, side="left")  # responses that ended before the arrival
+        last = np.where(ended > 0, f[np.maximum(ended - 1, 0)], -np.inf)
+        silent = np.where(in_flight <= 0, arrival - last, 0.0)
+        pauses = np.array([0.0] + [p for p, _ in wake])
+        extra = np.array([0.0] + [t for _, t in wake])
+        out = out + np.interp(np.minimum(silent, pauses[-1]), pauses, extra)
+    return out

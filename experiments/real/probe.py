@@ -45,7 +45,15 @@ from costmodel.shape import IterationShape
 from experiments.real import client as C
 from experiments.real.client import Prompts
 from experiments.real.limits import ServerLimits, read_limits
-from experiments.real.probe_design import KINDS, Experiment, ProbePlan, design, run_experiment, seeded_prompts
+from experiments.real.probe_design import (
+    KINDS,
+    WAKE_PROMPT,
+    Experiment,
+    ProbePlan,
+    design,
+    run_experiment,
+    seeded_prompts,
+)
 from experiments.real.probe_report import WARMUP_REQUESTS, host_check, limit_notes
 
 WINDOW = 8  # gaps per decode row (their median is the step's time)
@@ -75,9 +83,12 @@ class ProbeRun:
     limits: ServerLimits = field(default_factory=ServerLimits)  # what the server stated of its limits
     seed: int = 0  # the random prompts' seed
     held_back: int = 0  # requests whose tokens the server held back and sent at once (their experiment sent again)
+    # the idle experiments: (pause before the request, s; its stream), pause 0 for those sent at once (``wake_up``)
+    wake: list[tuple[float, C.Stream]] = field(default_factory=list)
 
     def streams(self) -> list[C.Stream]:
-        return [s for e in self.experiments for s in [*e.streams, *([e.injected] if e.injected else []), *e.busy]]
+        sent = [s for e in self.experiments for s in [*e.streams, *([e.injected] if e.injected else []), *e.busy]]
+        return sent + [s for _, s in self.wake]
 
 
 # ---- sending ---------------------------------------------------------------------------------------------------
@@ -166,8 +177,34 @@ async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable
             if bad and len(bad) == len(e.streams) and not any(b.startswith("HTTP 4") for b in bad):
                 run.stopped = f"every request of {e.label} failed ({bad[0]})"  # not these requests: the server
                 break
+        if plan.idle_pauses and not run.stopped:
+            need = (1 + len(plan.idle_pauses)) * plan.repeats
+            left = deadline - time.perf_counter() - sum(plan.idle_pauses) * plan.repeats
+            if sent + need > plan.max_requests or left <= 0:
+                run.stopped = "no requests or time left for the idle experiments"
+            else:
+                size = min(WAKE_PROMPT, budget or WAKE_PROMPT)
+                try:
+                    await asyncio.wait_for(wake_up(run, client, prompts, plan, size, origin), left)
+                except TimeoutError:
+                    run.stopped = f"--budget-s {plan.budget_s:g} spent (during the idle experiments)"
+                log(f"idle: prompt {size} after pauses of {', '.join(f'{p:g}' for p in plan.idle_pauses)} s: "
+                    f"{len(run.wake)} requests")  # fmt: skip
         run.seconds = time.perf_counter() - origin
     return run
+
+
+async def wake_up(run: ProbeRun, client: Any, prompts: Prompts, plan: ProbePlan, size: int, origin: float) -> None:
+    """The idle experiments: ``plan.repeats`` rounds of a ``size``-token prompt sent the moment the last response
+    ended (pause 0) and after each of ``plan.idle_pauses`` of silence, into ``run.wake``. A server that goes quiet
+    may put its engine or its threads to sleep (vLLM's engine core polls for work, then blocks; its CPU worker's
+    threads spin, then sleep): its next first token then comes later than one sent to a server still awake, which
+    the TTFT experiments (each sent as the last ended) never see, and which every request of a sparse trace pays."""
+    for _ in range(plan.repeats):
+        for pause in (0.0, *plan.idle_pauses):
+            await asyncio.sleep(pause)
+            got = await C.complete(client, run.url, run.model, prompts.make(size), 1, origin, timeout_s=plan.timeout_s)
+            run.wake.append((pause, got))
 
 
 def probe(
@@ -340,6 +377,8 @@ class ProbeFit:
     notes: list[str] = field(default_factory=list)  # warnings about the fit (printed, and kept in the report)
     # request handling arriving into running decodes (``busy_handling``): (requests decoding, seconds), by load
     busy: list[tuple[int, float]] = field(default_factory=list)
+    # what an idle server adds before a first token (``idle_handling``): (seconds idle, seconds more), by pause
+    wake: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def busy_s(self) -> float | None:
@@ -379,6 +418,20 @@ def busy_handling(run: ProbeRun, cost: CostModel) -> list[tuple[int, float]]:
     return [(seqs, max(0.0, float(np.median(w)))) for seqs, w in sorted(waits.items())]
 
 
+def idle_handling(run: ProbeRun) -> list[tuple[float, float]]:
+    """Seconds a first token comes later after each pause of the idle experiments than when sent the moment the
+    last response ended: the median TTFT after that pause less the median at none (never below 0), by pause. Empty
+    without the experiments, or where a pause, or none, has no request that finished."""
+    times: dict[float, list[float]] = {}
+    for pause, s in run.wake:
+        if s.ok:
+            times.setdefault(pause, []).append(s.ttft_s)
+    if 0.0 not in times or len(times) < 2:
+        return []
+    awake = float(np.median(times.pop(0.0)))
+    return [(pause, max(0.0, float(np.median(t)) - awake)) for pause, t in sorted(times.items())]
+
+
 def fit_probe(
     run: ProbeRun, *, spec: ModelSpec, dtype: str, base: HardwareProfile, name: str, settings: dict[str, str]
 ) -> ProbeFit:
@@ -407,6 +460,10 @@ def fit_probe(
     if busy:  # one value per load measured, comma-separated (experiments.real.handling reads them)
         handling |= {"client_busy_s": ",".join(f"{t:.6g}" for _, t in busy),
                      "client_busy_seqs": ",".join(str(n) for n, _ in busy)}  # fmt: skip
+    wake = idle_handling(run)
+    if wake:  # one value per pause measured, comma-separated, as the loads
+        handling |= {"client_idle_s": ",".join(f"{t:.6g}" for _, t in wake),
+                     "client_idle_after_s": ",".join(f"{p:g}" for p, _ in wake)}  # fmt: skip
     settings = (prov.settings or {}) | handling
     fit.profile = fit.profile.model_copy(update={"provenance": prov.model_copy(update={"settings": settings})})
     rows = table.assign(measured_s=fit.rows["median_s"].to_numpy(), predicted_s=fit.rows["predicted_s"].to_numpy())
@@ -417,4 +474,4 @@ def fit_probe(
         summary = error_summary(held["predicted_s"].to_numpy(), held["measured_s"].to_numpy())
         errors.append({"kind": kind, "fitted": int((~sel["held_out"]).sum()), "held_out": summary.pop("n")} | summary)
     host, notes = host_check(fit, rows, run.held_back, run.stopped)
-    return ProbeFit(fit, rows, pd.DataFrame(errors), host, notes, busy)
+    return ProbeFit(fit, rows, pd.DataFrame(errors), host, notes, busy, wake)

@@ -40,6 +40,7 @@ KINDS = ("ttft", "decode", "batch", "mixed")
 MIN_PROMPT = 16  # the shortest ttft prompt (tokens)
 SETTLE_CHUNKS = 8  # tokens every running request has received before a mixed experiment's prompt is sent
 BUSY_SAMPLES = 4  # short prompts a mixed experiment sends one after another once its prompt has its first token
+WAKE_PROMPT = 64  # the prompt of the idle experiments (tokens; the server's budget if that is smaller)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class ProbePlan:
     timeout_s: float = 60.0
     max_num_batched_tokens: int | None = None  # the server's per-iteration token budget, where known (tokens)
     max_num_seqs: int | None = None  # requests the server seats at once, where known (sequences)
+    # pauses (s) before a short prompt sent to the idle server, each against one sent at once (``wake_up``): what a
+    # server left idle adds before its next first token (an engine or its threads asleep); () skips it
+    idle_pauses: tuple[float, ...] = (0.1, 0.3, 1.0)
 
     def check(self) -> None:
         for name in ("max_prompt", "decode_tokens", "repeats", "max_concurrency", "max_requests"):
@@ -82,6 +86,8 @@ class ProbePlan:
                 f"--max-num-batched-tokens must be >= {MIN_PROMPT} (the probe's shortest prompt), "
                 f"got {self.max_num_batched_tokens}"
             )
+        if any(not 0 < x <= 10 for x in self.idle_pauses) or list(self.idle_pauses) != sorted(set(self.idle_pauses)):
+            raise ValueError(f"--idle-pauses must rise, each in (0, 10] seconds, got {list(self.idle_pauses)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 2:
             raise ValueError(f"--max-num-seqs must be >= 2 (a batch to time), got {self.max_num_seqs}")
 

@@ -102,6 +102,14 @@ WHAT = {
 }
 
 
+def _idle_lines(wake: list[tuple[float, float]]) -> list[str]:
+    """What an idle server added before its first token, by pause (none when it was not measured)."""
+    if not wake:
+        return []
+    after = ", ".join(f"+{1e3 * t:.2f} ms after {p:g} s" for p, t in wake)
+    return [f"an idle server's first token, against one sent to it awake: {after} of silence (client_idle_s)"]
+
+
 def format_report(run: ProbeRun, fitted: ProbeFit) -> str:
     sent = run.streams()
     failed = [s for s in sent if s.error]
@@ -115,6 +123,7 @@ def format_report(run: ProbeRun, fitted: ProbeFit) -> str:
         f"request handling before the first token (client_s): {1e3 * fitted.fit.client_s:.2f} ms"
         + "".join(f", {1e3 * t:.2f} ms into {n} running decodes" for n, t in fitted.busy)
         + (" (client_busy_s)" if fitted.busy else ""),
+        *_idle_lines(fitted.wake),
         _host_line(fitted.host),
         "held-out error (experiments never fitted on; |predicted / measured - 1|):",
         f"{'':<24} {'fitted':>6} {'held out':>8} {'median':>8} {'p90':>8} {'bias':>8}",
