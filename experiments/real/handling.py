@@ -17,10 +17,16 @@ response ended; the whole run before the first), linearly between the pauses mea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
 
+from costmodel import CostModel, IterationShape
 from costmodel.hardware import HardwareProfile
+
+if TYPE_CHECKING:
+    from experiments.real.probe import ProbeRun
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -94,3 +100,48 @@ def handling_of(
         extra = np.array([0.0] + [t for _, t in wake])
         out = out + np.interp(np.minimum(silent, pauses[-1]), pauses, extra)
     return out
+
+
+# ---- what the probe measured -----------------------------------------------------------------------------------------
+
+
+def busy_handling(run: ProbeRun, cost: CostModel) -> list[tuple[int, float]]:
+    """Seconds a request waits for its first token beyond its iterations when it arrives into running decodes, for
+    each number of requests decoding that a mixed experiment measured (sorted by it): the median over those
+    experiments' prompts (the injected one and the short ones after it) of each TTFT less the iterations that
+    computed it (the prompt in chunks of the server's budget, beside one token of each running request, as ``cost``
+    times them) and half a decode step (the mean wait for the step in progress). Empty without a mixed experiment
+    that finished. A busy server's front end streams every running request's tokens, so this is larger than
+    ``client_s``, and it is measured at a light and a heavy load because it does not grow in proportion: on a 2-core
+    CPU, vLLM's API server is already slowed by 2 streams about as much as by 16."""
+    budget = run.max_num_batched_tokens or 1 << 30
+    waits: dict[int, list[float]] = {}
+    for e in run.experiments:
+        running = [s for s in e.streams if s.ok]
+        if e.kind != "mixed" or not running or budget <= len(running):
+            continue
+        for got in [s for s in [e.injected, *e.busy] if s is not None and s.ok]:
+            ctx = [s.tokens + int(np.searchsorted(np.asarray(s.chunk_s), got.sent_s)) for s in running]
+            step = cost.iteration_time(IterationShape.of(decode=[(1, c) for c in ctx]))
+            busy, done = 0.5 * step, 0
+            while done < got.tokens:
+                n = min(budget - len(running), got.tokens - done)
+                last = int(done + n == got.tokens)
+                shape = IterationShape.of(prefill=[(n, done)], decode=[(1, c) for c in ctx], prefill_sampled=last)
+                busy, done = busy + cost.iteration_time(shape), done + n
+            waits.setdefault(e.requests, []).append(got.ttft_s - busy)
+    return [(seqs, max(0.0, float(np.median(w)))) for seqs, w in sorted(waits.items())]
+
+
+def idle_handling(run: ProbeRun) -> list[tuple[float, float]]:
+    """Seconds a first token comes later after each pause of the idle experiments than when sent the moment the
+    last response ended: the median TTFT after that pause less the median at none (never below 0), by pause. Empty
+    without the experiments, or where a pause, or none, has no request that finished."""
+    times: dict[float, list[float]] = {}
+    for pause, s in run.wake:
+        if s.ok:
+            times.setdefault(pause, []).append(s.ttft_s)
+    if 0.0 not in times or len(times) < 2:
+        return []
+    awake = float(np.median(times.pop(0.0)))
+    return [(pause, max(0.0, float(np.median(t)) - awake)) for pause, t in sorted(times.items())]

@@ -41,16 +41,16 @@ from costmodel.calibration.profile import FitResult, fit_profile
 from costmodel.hardware import HardwareProfile
 from costmodel.model_spec import ModelSpec
 from costmodel.roofline import CostModel
-from costmodel.shape import IterationShape
 from experiments.real import client as C
 from experiments.real.client import Prompts
+from experiments.real.handling import busy_handling, idle_handling
 from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.probe_design import (
     KINDS,
-    WAKE_PROMPT,
     Experiment,
     ProbePlan,
     design,
+    idle_experiments,
     run_experiment,
     seeded_prompts,
 )
@@ -178,33 +178,10 @@ async def _probe(url: str, model: str, plan: ProbePlan, seed: int, log: Callable
                 run.stopped = f"every request of {e.label} failed ({bad[0]})"  # not these requests: the server
                 break
         if plan.idle_pauses and not run.stopped:
-            need = (1 + len(plan.idle_pauses)) * plan.repeats
-            left = deadline - time.perf_counter() - sum(plan.idle_pauses) * plan.repeats
-            if sent + need > plan.max_requests or left <= 0:
-                run.stopped = "no requests or time left for the idle experiments"
-            else:
-                size = min(WAKE_PROMPT, budget or WAKE_PROMPT)
-                try:
-                    await asyncio.wait_for(wake_up(run, client, prompts, plan, size, origin), left)
-                except TimeoutError:
-                    run.stopped = f"--budget-s {plan.budget_s:g} spent (during the idle experiments)"
-                log(f"idle: prompt {size} after pauses of {', '.join(f'{p:g}' for p in plan.idle_pauses)} s: "
-                    f"{len(run.wake)} requests")  # fmt: skip
+            room = (deadline - time.perf_counter(), plan.max_requests - sent)
+            run.stopped = await idle_experiments(client, url, model, prompts, plan, budget, origin, room, run.wake, log)
         run.seconds = time.perf_counter() - origin
     return run
-
-
-async def wake_up(run: ProbeRun, client: Any, prompts: Prompts, plan: ProbePlan, size: int, origin: float) -> None:
-    """The idle experiments: ``plan.repeats`` rounds of a ``size``-token prompt sent the moment the last response
-    ended (pause 0) and after each of ``plan.idle_pauses`` of silence, into ``run.wake``. A server that goes quiet
-    may put its engine or its threads to sleep (vLLM's engine core polls for work, then blocks; its CPU worker's
-    threads spin, then sleep): its next first token then comes later than one sent to a server still awake, which
-    the TTFT experiments (each sent as the last ended) never see, and which every request of a sparse trace pays."""
-    for _ in range(plan.repeats):
-        for pause in (0.0, *plan.idle_pauses):
-            await asyncio.sleep(pause)
-            got = await C.complete(client, run.url, run.model, prompts.make(size), 1, origin, timeout_s=plan.timeout_s)
-            run.wake.append((pause, got))
 
 
 def probe(
@@ -388,48 +365,6 @@ class ProbeFit:
     @property
     def busy_seqs(self) -> int:
         return self.busy[-1][0] if self.busy else 0
-
-
-def busy_handling(run: ProbeRun, cost: CostModel) -> list[tuple[int, float]]:
-    """Seconds a request waits for its first token beyond its iterations when it arrives into running decodes, for
-    each number of requests decoding that a mixed experiment measured (sorted by it): the median over those
-    experiments' prompts (the injected one and the short ones after it) of each TTFT less the iterations that
-    computed it (the prompt in chunks of the server's budget, beside one token of each running request, as ``cost``
-    times them) and half a decode step (the mean wait for the step in progress). Empty without a mixed experiment
-    that finished. A busy server's front end streams every running request's tokens, so this is larger than
-    ``client_s``, and it is measured at a light and a heavy load because it does not grow in proportion: on a 2-core
-    CPU, vLLM's API server is already slowed by 2 streams about as much as by 16."""
-    budget = run.max_num_batched_tokens or 1 << 30
-    waits: dict[int, list[float]] = {}
-    for e in run.experiments:
-        running = [s for s in e.streams if s.ok]
-        if e.kind != "mixed" or not running or budget <= len(running):
-            continue
-        for got in [s for s in [e.injected, *e.busy] if s is not None and s.ok]:
-            ctx = [s.tokens + int(np.searchsorted(np.asarray(s.chunk_s), got.sent_s)) for s in running]
-            step = cost.iteration_time(IterationShape.of(decode=[(1, c) for c in ctx]))
-            busy, done = 0.5 * step, 0
-            while done < got.tokens:
-                n = min(budget - len(running), got.tokens - done)
-                last = int(done + n == got.tokens)
-                shape = IterationShape.of(prefill=[(n, done)], decode=[(1, c) for c in ctx], prefill_sampled=last)
-                busy, done = busy + cost.iteration_time(shape), done + n
-            waits.setdefault(e.requests, []).append(got.ttft_s - busy)
-    return [(seqs, max(0.0, float(np.median(w)))) for seqs, w in sorted(waits.items())]
-
-
-def idle_handling(run: ProbeRun) -> list[tuple[float, float]]:
-    """Seconds a first token comes later after each pause of the idle experiments than when sent the moment the
-    last response ended: the median TTFT after that pause less the median at none (never below 0), by pause. Empty
-    without the experiments, or where a pause, or none, has no request that finished."""
-    times: dict[float, list[float]] = {}
-    for pause, s in run.wake:
-        if s.ok:
-            times.setdefault(pause, []).append(s.ttft_s)
-    if 0.0 not in times or len(times) < 2:
-        return []
-    awake = float(np.median(times.pop(0.0)))
-    return [(pause, max(0.0, float(np.median(t)) - awake)) for pause, t in sorted(times.items())]
 
 
 def fit_probe(

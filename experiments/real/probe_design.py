@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,3 +215,36 @@ def budget_left(deadline: float) -> float:
 
 def seeded_prompts(seed: int, text: bool = False, low: int = 100, high: int = 8000) -> Prompts:
     return Prompts(np.random.default_rng(seed), low, high, text)
+
+
+async def idle_experiments(
+    client: Any, url: str, model: str, prompts: Prompts, plan: ProbePlan, budget: int | None, origin: float,
+    room: tuple[float, int], into: list[tuple[float, Stream]], log: Callable[[str], None],
+) -> str:  # fmt: skip
+    """The idle experiments: ``plan.repeats`` rounds of a prompt of ``WAKE_PROMPT`` tokens (``budget``, the server's,
+    if smaller) sent the moment the last response ended (pause 0) and after each of ``plan.idle_pauses`` of silence,
+    into ``into`` as (pause, stream), within ``room`` (seconds and requests left). Returns why the probe stops, or
+    "". A server that goes quiet may put its engine or its threads to sleep (vLLM's engine core polls for work, then
+    blocks; its CPU worker's threads spin, then sleep): its next first token then comes later than one sent to a
+    server still awake, which the TTFT experiments (each sent as the last ended) never see, and which every request
+    of a sparse trace pays."""
+    seconds, requests = room
+    if (1 + len(plan.idle_pauses)) * plan.repeats > requests or seconds <= sum(plan.idle_pauses) * plan.repeats:
+        return "no requests or time left for the idle experiments"
+    size = min(WAKE_PROMPT, budget or WAKE_PROMPT)
+
+    async def send() -> None:
+        for _ in range(plan.repeats):
+            for pause in (0.0, *plan.idle_pauses):
+                await asyncio.sleep(pause)
+                got = await complete(client, url, model, prompts.make(size), 1, origin, timeout_s=plan.timeout_s)
+                into.append((pause, got))
+
+    try:
+        await asyncio.wait_for(send(), seconds)
+    except TimeoutError:
+        return f"--budget-s {plan.budget_s:g} spent (during the idle experiments)"
+    finally:
+        log(f"idle: prompt {size} after pauses of {', '.join(f'{p:g}' for p in plan.idle_pauses)} s: {len(into)} "
+            "requests")  # fmt: skip
+    return ""
