@@ -12,7 +12,9 @@ goes out when the iteration that made it ends), and a prefill as a time to first
   request's prompt plus the tokens it has made;
 - a ``mixed`` experiment gives the running requests' enlarged gaps up to the injected prompt's first token: each an
   iteration with the running decodes and an equal share of the prompt; its prompts' TTFTs beyond their iterations
-  give the request handling of a busy server (``busy_handling``: ``client_busy_s``).
+  give the request handling of a busy server (``busy_handling``: ``client_busy_s``);
+- the idle experiments (``probe_design.idle_experiments``) give what a server left idle adds (``idle_handling``:
+  ``client_idle_s``).
 The rows are an iteration table (``costmodel.calibration.iterations``) and are fitted the same way as
 ``ferry calibrate --from-iterations``, with the held-out experiments' rows scored only: efficiency curves and the
 host overheads, whose ``per_iteration_s`` is the engine's host time per step (``experiments.real.probe_report``
