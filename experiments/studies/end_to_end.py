@@ -1,6 +1,6 @@
 """ferry against published end-to-end measurements of serving engines, per source: the README's end-to-end table.
 
-    python -m experiments.studies.end_to_end                 # every source (about 10 minutes on 2 cores)
+    python -m experiments.studies.end_to_end                 # every source (about 2 minutes on 2 cores)
     python -m experiments.studies.end_to_end --quick         # every 4th setting of each source
     python -m experiments.studies.end_to_end --hardware-suffix .datasheet   # the same runs on the datasheet profiles
     python -m experiments.studies.end_to_end --clients open  # fixed concurrency as evenly spaced arrivals instead
@@ -16,8 +16,9 @@ none of these numbers was fitted on. Each point is simulated with ``ferry run``'
 
 A fixed-concurrency TTFT depends on how the benchmark's clients send: a closed loop whose clients all start at once,
 with requests of one length, stays in step (each round's requests arrive together and queue behind each other's
-prefills), while clients that drift apart, or evenly spaced arrivals (``--clients open``), do not; the silicon rows
-do not say which, so both bound ferry's TTFT there (the README gives both).
+prefills), while clients whose lengths differ drift apart, and evenly spaced arrivals (``--clients open``) never
+coincide. The silicon rows do not say how they were sent; where their benchmark is known (published.yaml's
+``clients``: the InferenceMAX rows), ferry draws the lengths as its client drew them, over ``SEEDS`` workloads.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ ENGINES = {"vllm": "", "sglang": ".sglang", "trtllm": ".trtllm"}
 QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 # TensorRT-LLM's throughput runs: its documented defaults (published.yaml, settings)
 ROUNDS = 10  # requests each client of a fixed-concurrency run sends (the silicon runs' count is not published)
+SEEDS = 3  # workloads drawn per point whose lengths are random: the prediction is their mean (the expected value)
 TRTLLM_THROUGHPUT = {"policy": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,
                      "kv_reservation": "output", "gpu_memory_utilization": 0.95, "kv_cache_dtype": "fp8"}  # fmt: skip
 
@@ -63,6 +65,7 @@ class Point:
     label: str = ""
     predicted: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
+    seeds: int = 1  # workloads drawn (seeds 0, 1, ...); the prediction is the mean of their values
 
 
 def trtllm_points(source: dict[str, Any]) -> list[Point]:
@@ -76,8 +79,15 @@ def trtllm_points(source: dict[str, Any]) -> list[Point]:
     return out
 
 
-def silicon_points() -> list[Point]:
-    """The rows of silicon_sample.csv ferry can run (dense Llama models, aggregated serving, devices it has)."""
+def silicon_points(source: dict[str, Any] | None = None) -> list[Point]:
+    """The rows of silicon_sample.csv ferry can run (dense Llama models, aggregated serving, devices it has), each
+    with the client and server settings of the benchmark that measured it where ``source["clients"]`` (published.yaml)
+    knows it by the row's ``silicon_data_source``: lengths drawn as its client draws them (``random_range_ratio``:
+    uniform over int(r x L)..L, as ``vllm bench serve --random-range-ratio`` did before vLLM 0.9), its server flags
+    per engine; otherwise fixed lengths and the engine's defaults."""
+    if source is None:
+        source = strict_yaml.load(PUBLISHED.read_text())["sources"]["nvidia-silicon"]
+    known = source.get("clients", {})
     path = kerneldb.data_root() / "silicon_sample.csv"
     rows = pd.read_csv(path)
     rows = rows[rows["model_path"].isin(list(SILICON_MODELS)) & (rows["mode"] == "agg")]
@@ -86,17 +96,29 @@ def silicon_points() -> list[Point]:
     for r in rows.itertuples(index=False):
         quant = QUANTIZATION.get(str(r.gemm_quant_mode)) if isinstance(r.gemm_quant_mode, str) else None
         concurrency = int(r.batch_size)
-        config = {"model": SILICON_MODELS[r.model_path], "hardware": DEVICES[r.system] + ENGINES[r.backend],
-                  "tensor_parallel_size": int(r.tp_size), "quantization": quant, "policy": "chunked",
-                  "input_len": int(r.isl), "output_len": int(r.osl)}  # fmt: skip
+        config: dict[str, Any] = {"model": SILICON_MODELS[r.model_path],
+                                  "hardware": DEVICES[r.system] + ENGINES[r.backend],
+                                  "tensor_parallel_size": int(r.tp_size), "quantization": quant, "policy": "chunked",
+                                  "input_len": int(r.isl), "output_len": int(r.osl)}  # fmt: skip
         if r.backend == "trtllm" and quant is not None:  # a ModelOpt checkpoint: its KV cache is FP8
             config["kv_cache_dtype"] = "fp8"
+        bench = next((b for prefix, b in known.items() if str(r.silicon_data_source).startswith(prefix)), None)
+        seeds = 1
+        if bench is not None:
+            ratio = float(bench["random_range_ratio"])
+            if ratio < 1.0:
+                config["input_len"] = f"uniform:{int(r.isl * ratio)}:{int(r.isl)}"
+                config["output_len"] = f"uniform:{int(r.osl * ratio)}:{int(r.osl)}"
+                seeds = SEEDS
+            config.update(bench.get("server", {}).get(r.backend, {}))
+            if r.backend in bench.get("max_num_seqs_is_concurrency", []):
+                config["max_num_seqs"] = concurrency
         label = (f"{r.backend} {r.backend_version if isinstance(r.backend_version, str) else ''} "
                  f"{config['model']} {r.system} tp{int(r.tp_size)} {quant or 'bf16'} {int(r.isl)}/{int(r.osl)} "
                  f"c{concurrency}")  # fmt: skip
-        source = f"nvidia-silicon ({r.backend})"
+        name = f"nvidia-silicon ({r.backend}, {bench['name']})" if bench else f"nvidia-silicon ({r.backend})"
         for metric, value in (("mean_ttft_ms", r.silicon_ttft_ms), ("mean_tpot_ms", r.silicon_tpot_ms)):
-            out.append(Point(source, metric, float(value), dict(config), concurrency, label))
+            out.append(Point(name, metric, float(value), dict(config), concurrency, label, seeds=seeds))
     return out
 
 
@@ -112,7 +134,9 @@ def clients(workload: Workload, concurrency: int) -> Workload:
     each next one the moment the response to its last has ended (client ``i`` sends rows ``i``, ``i + c``, ``i + 2c``,
     ...: sessions of independent requests, no think time), as a benchmark at a fixed concurrency runs (genai-perf's
     and aiperf's ``--concurrency``; ``vllm bench serve --max-concurrency`` with every request due at once gives the
-    next free slot the next request, the same thing when all requests have one length)."""
+    next free slot the next request: the same thing when all requests have one length, and the same in distribution
+    when their lengths are drawn independently, since either way each ending response is followed at once by a
+    request whose lengths nothing that came before decides)."""
     rows = np.arange(len(workload))
     after = np.where(rows >= concurrency, rows - concurrency, -1)
     arrival = np.where(after < 0, 0.0, np.nan)
@@ -143,7 +167,7 @@ def open_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict
     best: tuple[float, dict[str, Any]] | None = None
     for _ in range(rounds):
         rate = math.exp(0.5 * (low + high))
-        summary = _summary(config | {"num_prompts": n, "request_rate": rate, "seed": 1})
+        summary = _summary(config | {"num_prompts": n, "request_rate": rate, "seed": config.get("seed", 1)})
         in_flight = rate * summary["mean_e2el_ms"] / 1e3
         miss = abs(math.log(in_flight / concurrency))
         if best is None or miss < best[0]:
@@ -158,25 +182,66 @@ def open_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict
 def predict(points: list[Point], suffix: str = "", clients_: str = "closed") -> None:
     """Fill each point's prediction (runs shared by the points of one setting); a fixed-concurrency point runs as a
     closed loop of clients (``closed_loop``) or as arrivals at the rate that keeps as many in flight (``open_loop``)."""
-    cache: dict[str, dict[str, Any]] = {}
+    cache: dict[str, list[dict[str, Any]]] = {}
     loop = closed_loop if clients_ == "closed" else open_loop
     for p in points:
         config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
-        key = repr(sorted(config.items())) + repr(p.concurrency)
+        key = repr(sorted(config.items())) + repr((p.concurrency, p.seeds))
         if key not in cache:
-            cache[key] = loop(config, p.concurrency) if p.concurrency else _summary(config)
-        p.predicted = float(cache[key][p.metric])
+            runs = [config | {"seed": seed} if p.seeds > 1 else config for seed in range(p.seeds)]
+            cache[key] = [loop(c, p.concurrency) if p.concurrency else _summary(c) for c in runs]
+        p.predicted = float(np.mean([summary[p.metric] for summary in cache[key]]))
+
+
+def _mean_length(spec: int | str) -> float:
+    """The mean of a length the study writes: a count, or ``uniform:LOW:HIGH``."""
+    if isinstance(spec, str) and spec.startswith("uniform:"):
+        low, high = (int(x) for x in spec.split(":")[1:])
+        return 0.5 * (low + high)
+    return float(spec)
+
+
+def prefill_demand(points: list[Point], suffix: str = "") -> None:
+    """For every fixed-concurrency row with both metrics, ``extra["prefill_demand"]``: the prompt tokens per second
+    its published numbers imply (Little's law: concurrency x mean prompt / (TTFT + (mean output - 1) x TPOT)) over
+    the most ferry's kernels can prefill on that replica with nothing else to do (prompts of the row's longest
+    length, as many as fill 8,192 tokens, one iteration's worth, each with a one-token answer). Above 1, the run
+    served more prompt tokens than the measured kernels compute at full speed: its prompts must have been served
+    in part from a prefix cache (a benchmark that reuses its prompts), or its kernels outran the tables."""
+    published = {(p.source, p.label, p.metric): p.published for p in points if p.concurrency}
+    capacity: dict[str, float] = {}
+    for p in points:
+        ttft, tpot = (
+            published.get((p.source, p.label, "mean_ttft_ms")),
+            published.get((p.source, p.label, "mean_tpot_ms")),
+        )
+        if p.concurrency is None or ttft is None or tpot is None:
+            continue
+        prompt, output = _mean_length(p.config["input_len"]), _mean_length(p.config["output_len"])
+        demand = p.concurrency * prompt / ((ttft + (output - 1.0) * tpot) / 1e3)
+        config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
+        longest = int(str(config["input_len"]).split(":")[-1])
+        prefill = config | {"input_len": longest, "output_len": 1, "num_prompts": max(1, 8192 // longest),
+                            "request_rate": math.inf}  # fmt: skip
+        key = repr(sorted(prefill.items()))
+        if key not in capacity:
+            summary = _summary(prefill)
+            capacity[key] = summary["total_input_tokens"] / summary["duration"]
+        p.extra["prefill_demand"] = demand / capacity[key]
 
 
 def table(points: list[Point]) -> pd.DataFrame:
+    """Per source and metric: points, median and p90 |error|, median signed error, and how many rows ask for more
+    prefill than the kernels can do (``prefill_demand`` above 1)."""
     rows = []
     for (source, metric), group in pd.DataFrame([vars(p) for p in points]).groupby(["source", "metric"]):
         err = (group["predicted"] / group["published"] - 1.0).dropna()
         if err.empty:
             continue
+        over = sum(e.get("prefill_demand", 0.0) > 1.0 for e in group["extra"])
         rows.append({"source": source, "metric": metric, "points": len(err),
                      "median_abs_error": float(err.abs().median()), "p90_abs_error": float(err.abs().quantile(0.9)),
-                     "median_error": float(err.median())})  # fmt: skip
+                     "median_error": float(err.median()), "over_capacity": int(over)})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -195,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     if "trtllm-perf-overview" in args.sources:
         points += trtllm_points(published["trtllm-perf-overview"])
     if "nvidia-silicon" in args.sources:
-        points += silicon_points()
+        points += silicon_points(published["nvidia-silicon"])
     if args.quick:  # every 4th setting of each source (both metrics of a silicon row)
         settings = sorted({(p.source, p.label) for p in points})
         kept = set(settings[::4])
         points = [p for p in points if (p.source, p.label) in kept]
     predict(points, args.hardware_suffix, args.clients)
+    prefill_demand(points, args.hardware_suffix)
     if args.points:
         pd.DataFrame([vars(p) for p in points]).to_csv(args.points, index=False)
     result = table(points)
