@@ -3,7 +3,7 @@
     python -m experiments.studies.end_to_end                 # every source (about 2 minutes on 2 cores)
     python -m experiments.studies.end_to_end --quick         # every 4th setting of each source
     python -m experiments.studies.end_to_end --hardware-suffix .datasheet   # the same runs on the datasheet profiles
-    python -m experiments.studies.end_to_end --clients open  # fixed concurrency as evenly spaced arrivals instead
+    python -m experiments.studies.end_to_end --clients open  # fixed concurrency as evenly spaced arrivals (~35 min)
 
 The sources, their settings and their citations are in ``experiments/studies/published.yaml``: NVIDIA TensorRT-LLM's
 throughput tables (output tokens/s at an infinite rate, simulated with every request queued at once), and NVIDIA's
