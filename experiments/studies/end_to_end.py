@@ -83,8 +83,8 @@ def silicon_points(source: dict[str, Any] | None = None) -> list[Point]:
     """The rows of silicon_sample.csv ferry can run (dense Llama models, aggregated serving, devices it has), each
     with the client and server settings of the benchmark that measured it where ``source["clients"]`` (published.yaml)
     knows it by the row's ``silicon_data_source``: lengths drawn as its client draws them (``random_range_ratio``:
-    uniform over int(r x L)..L, as ``vllm bench serve --random-range-ratio`` did before vLLM 0.9), its server flags
-    per engine; otherwise fixed lengths and the engine's defaults."""
+    uniform over int(r x L)..L, as vLLM's benchmark did until vllm-project/vllm PR #16126 of April 2025), its
+    server flags per engine; otherwise fixed lengths and the engine's defaults."""
     if source is None:
         source = strict_yaml.load(PUBLISHED.read_text())["sources"]["nvidia-silicon"]
     known = source.get("clients", {})
