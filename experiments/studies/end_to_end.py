@@ -35,6 +35,7 @@ import pandas as pd
 
 from costmodel import kerneldb, strict_yaml
 from sim.workload import Workload
+from sim.workload.lengths import FixedLength, UniformLength, parse_length_spec
 
 PUBLISHED = Path(__file__).with_name("published.yaml")
 # silicon_sample.csv's model paths -> ferry's models; its systems -> ferry's devices
@@ -179,13 +180,18 @@ def open_loop(config: dict[str, Any], concurrency: int, rounds: int = 8) -> dict
     return best[1]
 
 
+def _on_profile(config: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """``config`` on its device's profile ``DEVICE + suffix`` (``.datasheet``), or as it is without a suffix."""
+    return config | {"hardware": config["hardware"].split(".")[0] + suffix} if suffix else config
+
+
 def predict(points: list[Point], suffix: str = "", clients_: str = "closed") -> None:
     """Fill each point's prediction (runs shared by the points of one setting); a fixed-concurrency point runs as a
     closed loop of clients (``closed_loop``) or as arrivals at the rate that keeps as many in flight (``open_loop``)."""
     cache: dict[str, list[dict[str, Any]]] = {}
     loop = closed_loop if clients_ == "closed" else open_loop
     for p in points:
-        config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
+        config = _on_profile(p.config, suffix)
         key = repr(sorted(config.items())) + repr((p.concurrency, p.seeds))
         if key not in cache:
             runs = [config | {"seed": seed} if p.seeds > 1 else config for seed in range(p.seeds)]
@@ -193,12 +199,14 @@ def predict(points: list[Point], suffix: str = "", clients_: str = "closed") -> 
         p.predicted = float(np.mean([summary[p.metric] for summary in cache[key]]))
 
 
-def _mean_length(spec: int | str) -> float:
-    """The mean of a length the study writes: a count, or ``uniform:LOW:HIGH``."""
-    if isinstance(spec, str) and spec.startswith("uniform:"):
-        low, high = (int(x) for x in spec.split(":")[1:])
-        return 0.5 * (low + high)
-    return float(spec)
+def _length_range(spec: int | str) -> tuple[int, int]:
+    """The shortest and longest of a length the study writes (a count, or ``uniform:LOW:HIGH``)."""
+    length = parse_length_spec(spec)
+    if isinstance(length, FixedLength):
+        return length.value, length.value
+    if isinstance(length, UniformLength):
+        return length.low, length.high
+    raise ValueError(f"{spec!r}: the study writes fixed or uniform lengths only")
 
 
 def prefill_demand(points: list[Point], suffix: str = "") -> None:
@@ -217,12 +225,12 @@ def prefill_demand(points: list[Point], suffix: str = "") -> None:
         )
         if p.concurrency is None or ttft is None or tpot is None:
             continue
-        prompt, output = _mean_length(p.config["input_len"]), _mean_length(p.config["output_len"])
-        demand = p.concurrency * prompt / ((ttft + (output - 1.0) * tpot) / 1e3)
-        config = p.config | {"hardware": p.config["hardware"].split(".")[0] + suffix} if suffix else p.config
-        longest = int(str(config["input_len"]).split(":")[-1])
-        prefill = config | {"input_len": longest, "output_len": 1, "num_prompts": max(1, 8192 // longest),
-                            "request_rate": math.inf}  # fmt: skip
+        (shortest, longest), output = _length_range(p.config["input_len"]), _length_range(p.config["output_len"])
+        prompt, answer = 0.5 * (shortest + longest), 0.5 * sum(output)
+        demand = p.concurrency * prompt / ((ttft + (answer - 1.0) * tpot) / 1e3)
+        one_iteration = {"input_len": longest, "output_len": 1, "num_prompts": max(1, 8192 // longest),
+                         "request_rate": math.inf}  # fmt: skip
+        prefill = _on_profile(p.config, suffix) | one_iteration
         key = repr(sorted(prefill.items()))
         if key not in capacity:
             summary = _summary(prefill)
