@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-test chromium vllm-venv conformance run teach explore data test lint clean
+.PHONY: bytecode setup setup-test chromium vllm-venv llamacpp conformance run teach explore data docs test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels), with
 # NVIDIA's measured kernel tables (aiconfigurator-core, the measured extra) that the default profiles time kernels from
@@ -13,7 +13,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[measured]'
+	@$(MAKE) --no-print-directory bytecode
 	touch $@
+
+# ferry's own modules compiled to bytecode beside them (pip compiles the packages it installs, not an editable
+# project's sources; where PYTHONDONTWRITEBYTECODE is set, Python would compile them again in every process, a
+# quarter of a second of each run); a no-op when nothing changed
+bytecode:
+	@$(BIN)/python -m compileall -q sim policies costmodel experiments >/dev/null
 
 # the tests also run the calibration and the real executor on the CPU: PyTorch (the CPU build 2.13.0 where this
 # machine has it on disk) and the dev tools
@@ -45,13 +52,24 @@ $(VLLM_VENV)/.installed:
 	bash experiments/vllm_check/install_venv.sh $(VLLM_VENV) $(PYTHON)
 	touch $@
 
-# ferry's scheduler against vLLM's own, step by step, on generated cases (README: Checked against vLLM)
+# llama.cpp's llama-server, the second real engine the probe is checked against (experiments/llamacpp_check): built
+# from PyPI's llama-cpp-python sdist (its vendored llama.cpp, the llama-server target only, for this CPU), once per
+# machine and install script (about 10 minutes on 2 cores, 16 MB) under ~/.cache/ferry, linked here as .llamacpp.
+LLAMACPP := $(VLLM_CACHE)/llamacpp-$(shell sha256sum experiments/llamacpp_check/install_server.sh | cut -c1-12)
+llamacpp: $(LLAMACPP)/.installed
+	@ln -sfn $(LLAMACPP) .llamacpp
+
+$(LLAMACPP)/.installed:
+	bash experiments/llamacpp_check/install_server.sh $(LLAMACPP) $(PYTHON)
+	touch $@
+
+# ferry's scheduler against vLLM's own, step by step, on generated cases (docs/checks/vllm-scheduler.md)
 conformance: setup-test vllm-venv
 	$(BIN)/python -m experiments.vllm_check.conformance --cases $(or $(CASES),1000) --seed $(or $(SEED),0)
 
 # The main job: llama-3-8b on one H100 SXM as a default `vllm serve` would run it (chunked prefill, the limits vLLM
 # picks on that GPU), 1000 requests at 8 req/s.
-run: setup
+run: setup bytecode
 	$(BIN)/ferry run --model llama-3-8b --hardware h100-sxm --policy chunked --request-rate 8 --num-prompts 1000 \
 	  --input-len 1024 --output-len 256 --out results/
 
@@ -74,8 +92,18 @@ explore: setup
 	$(BIN)/pip install --quiet -e '.[serve]'
 	$(BIN)/ferry explore $(EXPLORE_ARGS)
 
-test: setup-test vllm-venv lint
+# the documentation site (mkdocs.yml, docs/) into site/, with warnings as errors: a broken link or anchor, a page
+# missing from the nav (MkDocs and its Material theme come with the dev extra; the reference pages under
+# docs/reference/ are written by `python -m experiments.docs_reference`, and a test checks they are current)
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,measured]'
+	touch $@
+
+test: setup-test vllm-venv llamacpp lint
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-vllm results figures artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .llamacpp results figures artifacts site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -62,6 +62,11 @@ _ALIASES: dict[str, str] = {
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
 QUANTIZATIONS = ("fp8", "fp8_block", "nvfp4", "mxfp4", "int8", "int4")
+# what the commands' --quantization help says of them
+QUANTIZATION_HELP = (
+    "weights: fp8 (quantized at load), int8, int4 (awq/gptq); a quantized checkpoint's own format (fp8_block, "
+    "nvfp4, mxfp4) comes from its config.json"
+)
 
 # key of a format in a hardware profile's ``peak_tflops`` table
 PEAK_KEY: dict[str, str] = {

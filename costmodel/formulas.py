@@ -25,11 +25,13 @@ import math
 import numpy as np
 from numba import njit
 
+from costmodel import numba_cache
 from costmodel.work import (  # noqa: F401  (what each kernel counts; its names are part of this module's)
     AR_HALF,
     AR_LATENCY,
     AR_RATE,
     BIAS,
+    BY_TOKENS,
     CHUNKED,
     DP_RING,
     DV,
@@ -48,6 +50,7 @@ from costmodel.work import (  # noqa: F401  (what each kernel counts; its names 
     N_DP_COMM,
     N_P2P,
     NH,
+    NO_VERIFY,
     NOPE,
     NUM_CONSTS,
     NUM_SUMS,
@@ -60,6 +63,9 @@ from costmodel.work import (  # noqa: F401  (what each kernel counts; its names 
     RING,
     ROPE,
     SH_I,
+    SUM_V_KV,
+    SUM_V_SEQS,
+    SUM_W_V_KV,
     W_EXP,
     W_MLP,
     W_SH,
@@ -73,11 +79,16 @@ from costmodel.work import (  # noqa: F401  (what each kernel counts; its names 
     IntArray,
     K,
     Q,
+    Sums,
     V,
     W,
     kernel_work,
     shape_sums,
+    shape_work,
+    token_work,
 )
+
+numba_cache.configure()  # before anything here is compiled (see costmodel.numba_cache)
 
 # the measured tables (``toc`` rows): the four per-layer GEMMs at T tokens, the LM head at S sampled tokens, prefill
 # attention at (sequences, tokens per sequence), decode attention at (sequences, tokens attended by all), the
@@ -96,6 +107,10 @@ _TABLE_OF = {"qkv_proj": T_QKV, "attention_prefill": T_PREFILL, "attention_decod
 KERNEL_TABLE = np.array([_TABLE_OF.get(name, -1) for name, _, _, _, _ in KERNELS], dtype=np.int64)
 # the windowed layers' attention kernels, which take the windowed sums
 WINDOW_KERNELS = (KERNEL_ROW["attention_prefill_window"], KERNEL_ROW["attention_decode_window"])
+# speculative decoding's verification attention: no table measured a query of 1 + k over a context; where a decode
+# table was measured, the roofline is scaled by its measured-over-roofline factor at the same sequences and KV read
+# (an approximation: a verification reads its KV as a decode does)
+VERIFY_KERNELS = (KERNEL_ROW["attention_verify"], KERNEL_ROW["attention_verify_window"])
 
 # columns of ``kernel_params`` (one row per kernel): instances per iteration, compute rate (FLOP/s) and half-size
 # (FLOPs), memory rate (B/s) and half-size (B), the class's floor (s)
@@ -149,6 +164,22 @@ def table_time(toc: IntArray, tab: FloatArray, table: int, x: float, y: float, r
     axes = toc[table, AXES]
     i, wx = _bracket(tab, axes, nx, x)
     return _table_time_at(toc, tab, table, i, wx, tab[axes] <= x and x <= tab[axes + nx - 1], y, roof)
+
+
+@njit(cache=True)
+def table_factor(toc: IntArray, tab: FloatArray, table: int, x: float, y: float) -> float:
+    """The measured-over-roofline factor of a 2-D table at (x, y) (natural logs), at the nearest measured shape
+    outside its axes; 1 when the table is absent."""
+    nx, ny, axes = toc[table, NX], toc[table, NY], toc[table, AXES]
+    if nx == 0:
+        return 1.0
+    i, wx = _bracket(tab, axes, nx, x)
+    i1 = i + 1 if nx > 1 else i
+    j, wy, j1 = 0, 0.0, 0
+    if ny > 1:
+        j, wy = _bracket(tab, axes + nx, ny, y)
+        j1 = j + 1
+    return math.exp(_bilinear(tab, toc[table, FACTORS], ny, i, i1, wx, j, j1, wy))
 
 
 @njit(cache=True)
@@ -231,21 +262,51 @@ def collectives(consts: FloatArray, T: float) -> tuple[float, float]:
     return dp_s, p2p_s
 
 
+# a cost model's memo (``memo``, one row per token count, ``MEMO_ROWS`` of them): what an iteration of T tokens costs
+# in the kernels that depend on T alone (``BY_TOKENS``: instances x seconds, each as the loop adds it), the
+# all-reduces and the other collectives, with a flag; and in row S, the LM head over S sampled tokens, with its flag.
+# An iteration then computes only its attention (and MLA's expansions) from its shape: the same additions, in the same
+# order, of the same numbers, so a memo changes no bit of a time
+M_TOKENS = 0
+M_KERNELS = 1  # + kernel row
+M_ALLREDUCE, M_DP, M_P2P, M_SAMPLED, M_LM = (len(KERNELS) + 1 + k for k in range(5))
+MEMO_COLUMNS = len(KERNELS) + 6
+MEMO_ROWS = 16385  # token counts up to 16,384 (a larger iteration is computed in full); rows are taken as written
+LM_ROW = KERNEL_ROW["lm_head"]
+NO_MEMO = np.zeros((0, MEMO_COLUMNS))
+
+
+def new_memo() -> FloatArray:
+    """An empty memo for one cost model's ``args`` (np.zeros: memory is taken only for the rows written)."""
+    return np.zeros((MEMO_ROWS, MEMO_COLUMNS))
+
+
 @njit(cache=True)
 def time_of_sums(
     consts: FloatArray,
     kernel_params: FloatArray,
     toc: IntArray,
     tab: FloatArray,
-    sums: tuple[float, float, float, float, float, float, float, float, float, float, float],
+    sums: Sums,
+    memo: FloatArray,
 ) -> float:
     """The iteration time (s): kernels (each the roofline maximum, at least its floor, or its measured table's time)
     + all-reduces + data-parallel and pipeline communication + host overheads; 0 if empty. With pipeline parallelism
-    the stages run one after the other on one batch, so every layer's kernels add up as on one stage."""
+    the stages run one after the other on one batch, so every layer's kernels add up as on one stage. ``memo``: what
+    this cost model has already computed of other iterations of as many tokens (see ``M_TOKENS``), read and written
+    (``NO_MEMO``: none)."""
     T = sums[0]
     if T <= 0.0:
         return 0.0
-    work = kernel_work(consts, T, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[8], sums[9], sums[10])
+    t_row, s_row = int(T), int(sums[3])
+    rows = memo.shape[0]
+    known_t = t_row < rows and memo[t_row, M_TOKENS] != 0.0
+    known_s = s_row < rows and memo[s_row, M_SAMPLED] != 0.0
+    work = np.zeros(2 * len(KERNELS))
+    if not known_t:
+        token_work(consts, T, work)
+    shape_work(consts, sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[8], sums[9], sums[10], work,
+               sums[11], sums[12], sums[13], sums[14], sums[15])  # fmt: skip
     gpu = 0.0
     # where the last GEMM table placed its tokens: (axis offset, log tokens, i, w, inside); the GEMM tables share one
     # axis where their measured tokens are the same (``kernel_tables.pack``), and T (or S) is placed once
@@ -253,6 +314,12 @@ def time_of_sums(
     for i in range(kernel_params.shape[0]):
         count = kernel_params[i, COUNT]
         if count == 0.0:
+            continue
+        if BY_TOKENS[i] and known_t:
+            gpu += memo[t_row, M_KERNELS + i]
+            continue
+        if i == LM_ROW and known_s:
+            gpu += memo[s_row, M_LM]
             continue
         tc, tm = kernel_time(work[2 * i], work[2 * i + 1], kernel_params[i])
         t = tc if tc >= tm else tm
@@ -273,26 +340,49 @@ def time_of_sums(
                     pairs, dec_kv = sums[8], sums[10]
                 else:
                     pairs, dec_kv = sums[4], sums[6]
-                t = kernel_table_time(toc, tab, table, t, T, sums[2], sums[3], sums[7] - sums[2], pairs, dec_kv,
-                                      consts[MOE_TOKENS])  # fmt: skip
+                t = kernel_table_time(toc, tab, table, t, T, sums[2], sums[3], sums[7] - sums[2] - sums[SUM_V_SEQS],
+                                      pairs, dec_kv, consts[MOE_TOKENS])  # fmt: skip
+            elif (i == VERIFY_KERNELS[0] or i == VERIFY_KERNELS[1]) and toc[T_DECODE, NX] > 0:
+                read = sums[SUM_W_V_KV] if i == VERIFY_KERNELS[1] else sums[SUM_V_KV]
+                t = t * table_factor(toc, tab, T_DECODE, math.log(sums[SUM_V_SEQS]), math.log(read))
         gpu += count * t
-    gpu += allreduce(consts, toc, tab, T)[0]
-    dp_s, p2p_s = collectives(consts, T)
-    host = consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7] + consts[PER_PREFILL] * (sums[7] - sums[2])
-    return gpu + dp_s + p2p_s + host
+        if BY_TOKENS[i] and t_row < rows:
+            memo[t_row, M_KERNELS + i] = count * t
+        elif i == LM_ROW and s_row < rows:
+            memo[s_row, M_LM] = count * t
+            memo[s_row, M_SAMPLED] = 1.0
+    if known_t:
+        ar, dp_s, p2p_s = memo[t_row, M_ALLREDUCE], memo[t_row, M_DP], memo[t_row, M_P2P]
+    else:
+        ar = allreduce(consts, toc, tab, T)[0]
+        dp_s, p2p_s = collectives(consts, T)
+        if t_row < rows:
+            memo[t_row, M_ALLREDUCE], memo[t_row, M_DP], memo[t_row, M_P2P] = ar, dp_s, p2p_s
+            memo[t_row, M_TOKENS] = 1.0
+    gpu += ar
+    return gpu + dp_s + p2p_s + host_time(consts, sums)
+
+
+@njit(cache=True)
+def host_time(consts: FloatArray, sums: Sums) -> float:
+    """The iteration's host overheads (s): per iteration, per sequence, per prompt chunk (not per decode or
+    verification)."""
+    return (consts[PER_ITERATION] + consts[PER_SEQUENCE] * sums[7]
+            + consts[PER_PREFILL] * (sums[7] - sums[2] - sums[SUM_V_SEQS]))  # fmt: skip
 
 
 @njit(cache=True)
 def iteration_time(
-    args: tuple[FloatArray, FloatArray, IntArray, FloatArray],
+    args: tuple[FloatArray, FloatArray, IntArray, FloatArray, FloatArray],
     prefill_new: IntArray,
     prefill_ctx: IntArray,
     decode_ctx: IntArray,
     prefill_sampled: int,
+    verify_new: IntArray = NO_VERIFY,
+    verify_ctx: IntArray = NO_VERIFY,
 ) -> float:
-    """Seconds of one iteration of this shape; ``args`` is ``(consts, kernel_params, toc, tab)`` from
-    ``CostModel``."""
-    consts, kernel_params, toc, tab = args
-    return time_of_sums(
-        consts, kernel_params, toc, tab, shape_sums(consts, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)
-    )
+    """Seconds of one iteration of this shape (``verify_new`` and ``verify_ctx``: speculative decoding's
+    verifications, ``shape_sums``); ``args`` is ``(consts, kernel_params, toc, tab, memo)`` from ``CostModel``."""
+    consts, kernel_params, toc, tab, memo = args
+    sums = shape_sums(consts, prefill_new, prefill_ctx, decode_ctx, prefill_sampled, verify_new, verify_ctx)
+    return time_of_sums(consts, kernel_params, toc, tab, sums, memo)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import hwprofiles
 from costmodel import strict_yaml
@@ -48,7 +48,8 @@ OP_CLASSES = ("gemm", "attention_prefill", "attention_decode", "elementwise")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a profile's numbers are finite: YAML's .inf or .nan in any of them is refused, naming the field
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Quantity(_Strict):
@@ -119,6 +120,9 @@ class Overheads(_Strict):
 class Interconnect(_Strict):
     name: str  # e.g. "NVLink 4 (NVSwitch)"
     bandwidth_gbps: Quantity  # per GPU, per direction (GB/s, 1e9 B/s): what a ring all-reduce streams at
+    # GPUs this link joins, all to all: one server's (8 on an HGX board; NVL72's rack: 72). Tensor parallelism beyond
+    # them would all-reduce over the network between servers, which ferry does not price, and is refused
+    domain_gpus: int = Field(default=8, ge=1)
 
 
 class Provenance(_Strict):
@@ -139,12 +143,26 @@ class Provenance(_Strict):
     # operator class: {"gemm": {"n": 24, "median": 0.03, "p90": 0.08}, ...}
     held_out_error: dict[str, dict[str, float]] | None = None
 
+    @field_validator("held_out_error")
+    @classmethod
+    def _errors_are_sizes(cls, errors: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+        return _check_errors(errors)
+
+
+def _check_errors(errors: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+    """Held-out errors are sizes of relative errors (|predicted / measured - 1|) and counts: none below 0."""
+    for kind, stats in (errors or {}).items():
+        for key, value in stats.items():
+            if value < 0:
+                raise ValueError(f"held_out_error.{kind}.{key}={value:g}: an error's size or a count is >= 0")
+    return errors
+
 
 class KernelTables(_Strict):
     """The measured kernel database a profile was fitted to, whose tables the cost model interpolates where the
     package is installed (``costmodel.kernel_tables``): NVIDIA's aiconfigurator-core, one system and one engine."""
 
-    package: str = "aiconfigurator-core"  # the registry package holding the tables
+    package: Literal["aiconfigurator-core"] = "aiconfigurator-core"  # the registry package holding the tables
     package_version: str  # the version the profile was fitted to (the tables are read only from that version)
     system: str  # the database's system, e.g. "h100_sxm"
     framework: Literal["vllm", "sglang", "trtllm"]  # whose kernels
@@ -153,6 +171,11 @@ class KernelTables(_Strict):
     # the interpolation's relative error on held-out shapes, per kernel class (as provenance.held_out_error)
     held_out_error: dict[str, dict[str, float]] | None = None
     note: str = ""
+
+    @field_validator("held_out_error")
+    @classmethod
+    def _errors_are_sizes(cls, errors: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+        return _check_errors(errors)
 
     def describe(self) -> str:
         """The tables in words: package, system, engine and version."""
@@ -200,6 +223,16 @@ class HardwareProfile(_Strict):
                 raise ValueError(f"{where} is a device rate: its source must name a document, not {ASSUMPTION!r}")
             if q.value <= 0:
                 raise ValueError(f"{where}.value must be > 0, got {q.value}")
+        if self.kernel_tables is not None:
+            from costmodel.kerneldb import SYSTEMS  # (no pandas: the database's names only)
+
+            device, system = self.name.split(".")[0], self.kernel_tables.system
+            if device in SYSTEMS.values() and system in SYSTEMS and SYSTEMS[system] != device:
+                raise ValueError(
+                    f"kernel_tables.system={system!r} holds {SYSTEMS[system]}'s kernels, and this profile "
+                    f"({self.name}) is a {device}'s: its kernels would be timed from another GPU's; name {device}'s "
+                    "system or drop kernel_tables"
+                )
         if self.kind == "calibrated":
             p = self.provenance
             absent = [k for k in ("device", "software", "date", "measurements") if not getattr(p, k)]
@@ -225,7 +258,7 @@ class HardwareProfile(_Strict):
             from costmodel import kerneldb  # the database's reader (pandas), only for such profiles
 
             tables = self.kernel_tables
-            missing = kerneldb.unavailable(tables.package_version)
+            missing = kerneldb.missing(tables)
             errors = tables.held_out_error if missing is None else p.held_out_error
             line = f"measured: {tables.describe()} kernel tables, " + (
                 "interpolated" if missing is None else f"not here ({missing}): the curves fitted to them"
@@ -323,9 +356,8 @@ def _is_profile(path: Path) -> bool:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    text = path.read_text()
     try:
-        data = json.loads(text) if path.suffix == ".json" else strict_yaml.load(text)
+        data = json.loads(path.read_text()) if path.suffix == ".json" else strict_yaml.load_file(path)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):

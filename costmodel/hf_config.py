@@ -11,7 +11,7 @@ The fields each family publishes (read as vLLM 0.32.0's model code reads them, `
 - DeepSeek-V2/V3/R1, Kimi-K2 (``deepseek_v2.py``): MLA's ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim``; ``n_routed_experts``, ``n_shared_experts`` (each ``moe_intermediate_size``
   wide), ``first_k_dense_replace`` and ``moe_layer_freq``; the multi-token-prediction layers
-  (``num_nextn_predict_layers``) are not loaded without speculative decoding, so not counted;
+  (``num_nextn_predict_layers``) are read, but loaded (and counted) only as an MTP drafter (``--speculative-config``);
 - GLM-4.5/4.6 (``glm4_moe.py``): as DeepSeek's MoE fields, with grouped-query attention and ``use_qk_norm``;
 - GPT-OSS (``gpt_oss.py``): ``layer_types`` (``sliding_attention`` / ``full_attention``), ``sliding_window``, a sink
   per head, biases on the q/k/v/o projections, the experts and the router, ``experts_per_token``;
@@ -33,6 +33,7 @@ per-layer block configs (``block_configs``: Nemotron-NAS), and weight formats fe
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from typing import Any
 
@@ -65,15 +66,31 @@ class _Fields(dict[str, Any]):
 
     model = ""
 
-    def num(self, key: str, default: Any = None) -> int:
+    def num(self, key: str, default: Any = None, minimum: int = 1) -> int:
+        """The whole number ``key`` holds (``default`` when it is absent or null), at least ``minimum``."""
         value = self.get(key)
         if value is None:
             if default is None:
                 raise ValueError(f"model {self.model!r}: config.json has no {key!r}")
             return int(default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise ValueError(f"model {self.model!r}: config.json's {key}={value!r} is not a whole number")
-        return int(value)
+        return _whole(self.model, key, value, minimum)
+
+    def layer_list(self, key: str, layers: int) -> list[int]:
+        """A list of one whole number per layer (``num_hidden_layers`` of them)."""
+        values = self[key]
+        if not isinstance(values, list) or len(values) != layers:
+            raise ValueError(f"model {self.model!r}: config.json's {key} must list num_hidden_layers={layers} entries")
+        return [_whole(self.model, f"{key}[{i}]", v, 0) for i, v in enumerate(values)]
+
+
+def _whole(model: str, key: str, value: Any, minimum: int) -> int:
+    """``value`` as a whole number >= ``minimum``; ValueError naming the field and the value."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value != int(value):
+        raise ValueError(f"model {model!r}: config.json's {key}={value!r} is not a whole number")
+    if value < minimum:
+        raise ValueError(f"model {model!r}: config.json's {key}={value!r} must be >= {minimum}")
+    return int(value)
 
 
 def _refuse(name: str, field: str, what: str) -> ValueError:
@@ -87,8 +104,9 @@ def spec_fields(config: dict[str, Any], name: str, quant_config: dict[str, Any] 
     """``ModelSpec``'s fields from a parsed ``config.json``; ValueError naming a missing or unsupported field."""
     try:
         return _spec_fields(config, name, quant_config)
-    except (TypeError, KeyError) as exc:  # a field of the wrong type or shape: name it
-        field = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+    except (TypeError, KeyError, AttributeError, IndexError, OverflowError, ZeroDivisionError) as exc:
+        # a field of a shape the checks below did not foresee: name what Python says of it, in one line
+        field = exc.args[0] if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
         raise ValueError(f"model {name!r}: config.json has a field ferry cannot read ({field})") from None
 
 
@@ -120,14 +138,12 @@ def _spec_fields(config: dict[str, Any], name: str, quant_config: dict[str, Any]
         "num_key_value_heads": config.num("num_key_value_heads", heads),
         "head_dim": config.num("head_dim", hidden // heads),
         "intermediate_size": config.num("intermediate_size"),
+        "num_nextn_predict_layers": config.num("num_nextn_predict_layers", 0, 0),
         "vocab_size": config.num("vocab_size"),
         "max_position_embeddings": config.num("max_position_embeddings"),
         # LlamaConfig's default; configs of tied models (e.g. small Qwen2.5) say true explicitly
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
-        # a config without a dtype: vLLM reads the weights' (safetensors); GPT-OSS's are bf16 beside the MXFP4 experts
-        "torch_dtype": canonical(
-            config.get("torch_dtype") or config.get("dtype") or ("bfloat16" if model_type == "gpt_oss" else "float32")
-        ),  # fmt: skip
+        "torch_dtype": _dtype(config, model_type),
         "attention_bias": bool(config.get("attention_bias", model_type in _QKV_BIAS_TYPES)),
         "gated_mlp": model_type not in _UNGATED_TYPES,
         "model_type": model_type,
@@ -142,12 +158,30 @@ def _spec_fields(config: dict[str, Any], name: str, quant_config: dict[str, Any]
     return fields
 
 
+def _dtype(config: _Fields, model_type: str) -> str:
+    """The checkpoint's dtype, a name (``torch_dtype``, or transformers' newer ``dtype``); a config without one: vLLM
+    reads the weights' (safetensors); GPT-OSS's are bf16 beside the MXFP4 experts."""
+    key = "torch_dtype" if config.get("torch_dtype") is not None else "dtype"
+    value = config.get(key)
+    if value is None:
+        return canonical("bfloat16" if model_type == "gpt_oss" else "float32")
+    if not isinstance(value, str):
+        raise ValueError(f"model {config.model!r}: config.json's {key}={value!r} must be a dtype's name (bfloat16...)")
+    try:
+        return canonical(value)
+    except ValueError as exc:
+        raise ValueError(f"model {config.model!r}: config.json's {key}={value!r}: {exc}") from None
+
+
 def _attention(config: _Fields, name: str, layers: int) -> dict[str, Any]:
     """MLA's fields (DeepSeek-V2/V3, Kimi-K2), or nothing for grouped-query attention."""
     if config.get("kv_lora_rank") is None:
         return {}
-    nope, rope, v = config.num("qk_nope_head_dim"), config.num("qk_rope_head_dim"), config.num("v_head_dim")
-    heads = config.num("num_attention_heads")
+    # deepseek_v2.py: a latent of kv_lora_rank; a query through a q_lora_rank bottleneck, or full rank when null
+    nope, rope = config.num("qk_nope_head_dim", minimum=0), config.num("qk_rope_head_dim", minimum=0)
+    v, heads = config.num("v_head_dim"), config.num("num_attention_heads")
+    if nope + rope < 1:
+        raise ValueError(f"model {name!r}: config.json's qk_nope_head_dim + qk_rope_head_dim must be >= 1")
     return {
         "kv_lora_rank": config.num("kv_lora_rank"),
         "q_lora_rank": config.num("q_lora_rank", 0),
@@ -179,28 +213,33 @@ def _windows(config: _Fields, name: str, layers: int, model_type: str) -> dict[s
     if model_type.startswith("llama4") and config.get("attention_chunk_size"):
         # llama4.py: a layer with RoPE attends within its chunk; no_rope_layers[i] == 0 marks the global (NoPE) ones,
         # by default every 4th (transformers' Llama4TextConfig)
-        nope = config.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+        nope = config.layer_list("no_rope_layers", layers) if config.get("no_rope_layers") else None
+        nope = nope or [int((i + 1) % 4 != 0) for i in range(layers)]
         windowed = tuple(i for i in range(layers) if nope[i] != 0)
         return {"sliding_window": config.num("attention_chunk_size"), "window_layers": windowed,
                 "chunked_attention": True}  # fmt: skip
     window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
-    return {"sliding_window": config.num("sliding_window")} if window else {}
+    if window is None or window is False or window == 0:  # null (or 0): every layer attends to everything
+        return {}
+    return {"sliding_window": config.num("sliding_window")}
 
 
 def _experts(config: _Fields, name: str, layers: int, model_type: str) -> dict[str, Any]:
     """The MoE fields: routed experts, their width, the shared expert(s) and which layers are MoE."""
-    key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts") if config.get(k)), None)
-    experts = config.num(key) if key else 1
-    if experts <= 1:
+    key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts") if config.get(k) is not None), None)
+    experts = config.num(key, minimum=0) if key else 1
+    if experts <= 1:  # 0 or 1 routed experts: a dense MLP
         return {}
-    k_key = "num_experts_per_tok" if config.get("num_experts_per_tok") else "experts_per_token"
+    k_key = "num_experts_per_tok" if config.get("num_experts_per_tok") is not None else "experts_per_token"
     out: dict[str, Any] = {"num_local_experts": experts, "num_experts_per_tok": config.num(k_key, 1)}
-    if config.get("moe_intermediate_size"):
+    if config.get("moe_intermediate_size") is not None:
         out["moe_intermediate_size"] = config.num("moe_intermediate_size")
-    if config.get("n_shared_experts"):  # DeepSeek, GLM: n shared experts of the routed width
-        out["shared_expert_intermediate_size"] = config.num("n_shared_experts") * config.num("moe_intermediate_size")
-    elif config.get("shared_expert_intermediate_size"):  # Qwen2-MoE
-        out["shared_expert_intermediate_size"] = config.num("shared_expert_intermediate_size")
+
+    shared = config.num("n_shared_experts", 0, minimum=0)
+    if shared:  # DeepSeek, GLM: n shared experts of the routed width
+        out["shared_expert_intermediate_size"] = shared * config.num("moe_intermediate_size")
+    elif config.get("shared_expert_intermediate_size") is not None:  # Qwen2-MoE
+        out["shared_expert_intermediate_size"] = config.num("shared_expert_intermediate_size", minimum=0)
     if model_type.startswith("llama4"):
         # llama4.py: MoE every interleave_moe_layer_step-th layer; routed and shared experts of intermediate_size,
         # the dense layers of intermediate_size_mlp
@@ -212,20 +251,31 @@ def _experts(config: _Fields, name: str, layers: int, model_type: str) -> dict[s
                 "intermediate_size": config.num("intermediate_size_mlp", width)}  # fmt: skip
         out["moe_layers"] = tuple(i for i in range(layers) if (i + 1) % step == 0)
     elif isinstance(config.get("moe_layer_freq"), list):  # a 0/1 per layer
-        mask = config["moe_layer_freq"]
-        if len(mask) != layers:
-            raise ValueError(f"model {name!r}: moe_layer_freq must list num_hidden_layers={layers} entries")
+        mask = config.layer_list("moe_layer_freq", layers)
+        if any(m > 1 for m in mask):
+            raise ValueError(f"model {name!r}: config.json's moe_layer_freq as a list holds a 0 or 1 per layer")
         out["moe_layers"] = tuple(i for i in range(layers) if mask[i])
     elif config.get("first_k_dense_replace") is not None or config.get("moe_layer_freq") is not None:
-        first, freq = config.num("first_k_dense_replace", 0), config.num("moe_layer_freq", 1)
+        first, freq = config.num("first_k_dense_replace", 0, minimum=0), config.num("moe_layer_freq", 1)
         out["moe_layers"] = tuple(i for i in range(layers) if i >= first and i % freq == 0)  # deepseek_v2.py
     elif config.get("decoder_sparse_step") is not None or config.get("mlp_only_layers"):
-        step, dense = config.num("decoder_sparse_step", 1), set(config.get("mlp_only_layers") or [])
+        step, dense = config.num("decoder_sparse_step", 1), set(_layer_ids(config, "mlp_only_layers", layers))
         out["moe_layers"] = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)  # qwen3_moe.py
     if "moe_layers" in out and not out["moe_layers"]:
         out |= {"num_local_experts": 1, "num_experts_per_tok": 1, "moe_layers": None}
         out.pop("shared_expert_intermediate_size", None)
     return out
+
+
+def _layer_ids(config: _Fields, key: str, layers: int) -> list[int]:
+    """A list of layer indices (``mlp_only_layers``), each in 0..layers-1."""
+    values = config.get(key) or []
+    if not isinstance(values, list):
+        raise ValueError(f"model {config.model!r}: config.json's {key} must be a list of layer indices")
+    ids = [_whole(config.model, f"{key}[{i}]", v, 0) for i, v in enumerate(values)]
+    if any(i >= layers for i in ids):
+        raise ValueError(f"model {config.model!r}: config.json's {key} names a layer outside 0..{layers - 1}")
+    return ids
 
 
 # ---- the stored weight format -----------------------------------------------------------------------------------
@@ -243,34 +293,50 @@ def _quantization(
     if not isinstance(qc, dict):
         raise ValueError(f"model {name!r}: quantization_config must be an object")
     method = str(qc.get("quant_method", "")).lower()
-    fmt = _format(qc, method)
+    fmt = _format(qc, method, name)
     if fmt is None:
         raise ValueError(
             f"model {name!r}: quantization_config's quant_method={method!r} is not a format ferry has bytes for "
             "(fp8, fp8 block-scaled, mxfp4, NVFP4, int4: awq, gptq, compressed-tensors)"
         )
-    skipped = [str(p) for key in ("modules_to_not_convert", "ignore", "exclude_modules", "ignored_layers")
-               for p in (qc.get(key) or [])]  # fmt: skip
+    skipped = []
+    for key in ("modules_to_not_convert", "ignore", "exclude_modules", "ignored_layers"):
+        patterns = qc.get(key) or []
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise ValueError(
+                f"model {name!r}: config.json's quantization_config.{key} must be a list of module names or patterns"
+            )
+        skipped += patterns
     return {"quantization": fmt, "unquantized": _unquantized_parts(skipped, fields)}
 
 
-def _format(qc: dict[str, Any], method: str) -> str | None:
-    """ferry's name of a ``quantization_config``'s weight format, or None when ferry has none."""
+def _format(qc: dict[str, Any], method: str, name: str) -> str | None:
+    """ferry's name of a ``quantization_config``'s weight format, or None when ferry has none; ValueError naming a
+    field of the wrong type."""
     if method == "fp8":
         return "fp8_block" if qc.get("weight_block_size") else "fp8"
     if method == "mxfp4":
         return "mxfp4"
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
-        return "int4" if int(qc.get("bits", 4)) == 4 else None
+        return "int4" if _whole(name, "quantization_config.bits", qc.get("bits", 4), 1) == 4 else None
     if method in ("modelopt", "modelopt_fp4"):
         algo = str(qc.get("quant_algo", "")).upper()
         return {"NVFP4": _FP4, "FP8": "fp8", "FP8_BLOCK": "fp8_block"}.get(algo)
     if method == "compressed-tensors":
-        groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-        weights = [g.get("weights") or {} for g in groups]
+        groups = qc.get("config_groups") or {}
+        if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+            raise ValueError(
+                f"model {name!r}: config.json's quantization_config.config_groups must map group names to objects"
+            )
+        weights = [g.get("weights") or {} for g in groups.values()]
+        if not all(isinstance(w, dict) for w in weights):
+            raise ValueError(
+                f"model {name!r}: config.json's quantization_config.config_groups' weights must be objects"
+            )
         if not weights:
             return None
-        bits, kind = int(weights[0].get("num_bits", 0)), str(weights[0].get("type", ""))
+        bits = _whole(name, "quantization_config.config_groups.weights.num_bits", weights[0].get("num_bits", 0), 0)
+        kind = str(weights[0].get("type", ""))
         if bits == 4:
             return _FP4 if kind == "float" else "int4"
         if bits == 8 and kind == "float":

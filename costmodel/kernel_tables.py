@@ -36,16 +36,19 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from costmodel import formulas as f
-from costmodel import kerneldb
+from costmodel import kerneldb, tables_cache
 from costmodel.dtypes import DTYPE_BYTES, Dtypes
 from costmodel.hardware import KernelTables
 from costmodel.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -175,7 +178,7 @@ def attention_factors(
     decode attention (context ``isl + step``; tokens: all sequences' together) from the measured ``rows`` of exactly
     these heads per GPU and head size, one KV format, full attention; ``row`` the kernel's roofline parameters,
     ``a``/``c`` bytes per activation/KV element. Shapes not measured take their row's factor, interpolated
-    (``_fill``)."""
+    (``fill_grid``)."""
     sel = rows[
         (rows["num_heads"] == heads) & (rows["num_key_value_heads"] == kv_heads) & (rows["head_dim"] == head_dim)
     ]
@@ -195,10 +198,10 @@ def attention_factors(
     xs, ys = np.unique(b), np.unique(along)
     grid = np.full((len(xs), len(ys)), np.nan)
     grid[np.searchsorted(xs, b), np.searchsorted(ys, along)] = factor
-    return np.log(xs), np.log(ys), _fill(grid, np.log(ys))
+    return np.log(xs), np.log(ys), fill_grid(grid, np.log(ys))
 
 
-def _fill(grid: FloatArray, ys: FloatArray) -> FloatArray:
+def fill_grid(grid: FloatArray, ys: FloatArray) -> FloatArray:
     """Missing cells of each row: linear in log y between its measured cells, the nearest one's value beyond them;
     rows with none take the nearest row's."""
     out = grid.copy()
@@ -244,7 +247,7 @@ def gemm_format(dtypes: Dtypes, gemm_dtype: str) -> str | None:
     return GEMM_DTYPES.get(dtypes.activation)
 
 
-def _work(consts: FloatArray, kernel: str, T: float, P: float, D: float, S: float, pairs: float, pf_kv: float,
+def work_of(consts: FloatArray, kernel: str, T: float, P: float, D: float, S: float, pairs: float, pf_kv: float,
           dec_kv: float) -> tuple[float, float]:  # fmt: skip
     """(FLOPs, bytes) of one instance of ``kernel`` in an iteration of these sums (``formulas.kernel_work``; no
     windowed layers)."""
@@ -263,16 +266,16 @@ def model_roofs(
                 out[i, j] = consts[f.AR_LATENCY] + consts[f.RING] * (x + consts[f.AR_HALF]) / consts[f.AR_RATE]
                 continue
             if table == f.T_PREFILL:  # x prompts of y tokens each, nothing cached
-                name, work = "attention_prefill", _work(consts, "attention_prefill", x * y, x * y, 0.0, x,
+                name, work = "attention_prefill", work_of(consts, "attention_prefill", x * y, x * y, 0.0, x,
                                                         x * y * (y + 1) / 2, x * y, 0.0)  # fmt: skip
             elif table == f.T_DECODE:  # x sequences attending y tokens in all
-                name, work = "attention_decode", _work(consts, "attention_decode", x, 0.0, x, x, 0.0, 0.0, y)
+                name, work = "attention_decode", work_of(consts, "attention_decode", x, 0.0, x, x, 0.0, 0.0, y)
             elif table == f.T_MOE:  # x tokens into the MoE layer: x / MOE_TOKENS of this rank's
                 t = x / consts[f.MOE_TOKENS]
-                name, work = "moe_experts", _work(consts, "moe_experts", t, t, 0.0, t, 0.0, 0.0, 0.0)
+                name, work = "moe_experts", work_of(consts, "moe_experts", t, t, 0.0, t, 0.0, 0.0, 0.0)
             else:
                 name = GEMMS[table]
-                work = _work(consts, name, x, x, 0.0, x, 0.0, 0.0, 0.0)
+                work = work_of(consts, name, x, x, 0.0, x, 0.0, 0.0, 0.0)
             out[i, j] = roofline_s(kernel_params[ROW[name]], np.array(work[0]), np.array(work[1]))
     return np.log(out)
 
@@ -294,10 +297,11 @@ def build(
     part_formats: dict[str, str] | None = None,
     compute_formats: dict[str, str] | None = None,
 ) -> Tables:
-    """``build_tables``, kept for the next cost model of the same inputs (a sweep builds the same model and device
-    for every point: reading the database's tables into ferry's grid takes tens of milliseconds each time). Nothing
-    writes to a built table; the key is every input, the package's version included."""
-    missing = kerneldb.unavailable(ref.package_version) if root is None else None
+    """``build_tables``, kept for the next cost model of the same inputs, in this process and on disk
+    (``costmodel.tables_cache``): reading the database's tables into ferry's grid takes most of a second (pandas,
+    Parquet), which every run of the same model and device would pay again. Nothing writes to a built table; the key
+    is every input, the package's version included (and, on disk, the code that builds them)."""
+    missing = kerneldb.missing(ref) if root is None else None
     if missing:  # asked every time: a kept table is no answer when the package is gone
         raise ValueError(missing)
     key = repr((ref.model_dump_json(), spec, tp, dtypes, gemm_dtype, consts.tobytes(), kernel_params.tobytes(),
@@ -306,8 +310,13 @@ def build(
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key]
-    tables = build_tables(ref, spec, tp, dtypes, gemm_dtype, consts, kernel_params, root,
-                          part_formats=part_formats, compute_formats=compute_formats)  # fmt: skip
+    kept = tables_cache.load(key)
+    if kept is not None:
+        tables = Tables(*kept)
+    else:
+        tables = build_tables(ref, spec, tp, dtypes, gemm_dtype, consts, kernel_params, root,
+                              part_formats=part_formats, compute_formats=compute_formats)  # fmt: skip
+        tables_cache.save(key, tables.toc, tables.tab, tables.notes)
     _BUILT[key] = tables
     while len(_BUILT) > BUILT_KEPT:
         _BUILT.popitem(last=False)
@@ -333,7 +342,7 @@ def build_tables(
     cannot be read (the caller falls back to the curves)."""
     from costmodel import moe_tables  # (it reads this module's helpers)
 
-    missing = kerneldb.unavailable(ref.package_version) if root is None else None
+    missing = kerneldb.missing(ref) if root is None else None
     if missing:
         raise ValueError(missing)
     root = root or kerneldb.data_root()

@@ -34,15 +34,33 @@ import importlib.metadata
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from costmodel.hardware import KernelTables
 
 PACKAGE = "aiconfigurator_core"  # the import name
 DISTRIBUTION = "aiconfigurator-core"  # the registry name
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 INSTALL = "pip install 'ferry[measured]'"
+# the database's systems -> ferry's device: its profile fitted to them is the device's name (vLLM's kernels),
+# NAME.sglang and NAME.trtllm; its datasheet profile NAME.datasheet
+SYSTEMS = {
+    "a100_sxm": "a100-80g",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "l40s": "l40s",
+    "rtx_pro_6000_server": "rtx-pro-6000",
+}
 
 # (family, table) -> the columns that name a shape (a row per shape is kept), and the column whose values each have
 # their usual kernel
@@ -111,6 +129,25 @@ def unavailable(version: str) -> str | None:
     return None
 
 
+def missing(ref: KernelTables) -> str | None:
+    """Why a profile's ``kernel_tables`` cannot be read here (one phrase), or None when every table it names is in
+    the installed database: the package at its version, its system, the GEMM and attention tables at its engine
+    version and, where it names one, the all-reduce table at its comm_version."""
+    why = unavailable(ref.package_version)
+    if why is not None:
+        return why
+    root = data_root()
+    if not (root / "data" / ref.system).is_dir():
+        return f"{DISTRIBUTION} {ref.package_version} has no system {ref.system!r} ({', '.join(systems(root))})"
+    wanted = [(name, ref.version) for name in ("gemm_perf", "context_attention_perf", "generation_attention_perf")]
+    wanted += [("custom_allreduce_perf", ref.comm_version)] if ref.comm_version is not None else []
+    for name, version in wanted:
+        path = root / "data" / ref.system / FAMILY[name] / ref.framework / version / f"{name}.parquet"
+        if not path.is_file():
+            return f"{DISTRIBUTION} {ref.package_version} has no {ref.system} {ref.framework} {version} {name} table"
+    return None
+
+
 def data_root() -> Path:
     """The installed package's ``systems`` folder; ValueError saying how to install it when it is absent."""
     spec = importlib.util.find_spec(PACKAGE)
@@ -165,6 +202,8 @@ def _read(system: str, name: str, framework: str, version: str, root: Path) -> p
     path = root / "data" / system / FAMILY[name] / framework / version / f"{name}.parquet"
     if not path.is_file():
         raise ValueError(f"{system} {framework} {version}: no {FAMILY[name]}/{name}.parquet in the database ({path})")
+    import pandas as pd  # (a second's import, for the runs that read the database)
+
     frame = pd.read_parquet(path)
     frame = frame[frame["latency"] > 0]
     keys, by = _KEYS[name]

@@ -214,6 +214,7 @@ class Layout:
             "mlp_gate_up": n_layers - n_moe, "mlp_act": n_layers - n_moe, "mlp_down": n_layers - n_moe,
             "moe_router": n_moe, "moe_experts": n_moe, "moe_shared": n_moe if m.shared_expert_intermediate_size else 0,
             "final_norm": 1, "lm_head": 1,
+            "attention_verify": n_layers - n_win, "attention_verify_window": n_win,
         }  # fmt: skip
 
     def gemm_formats(self, peaks: dict[str, float]) -> dict[str, str]:

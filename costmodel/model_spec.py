@@ -36,6 +36,9 @@ from costmodel.dtypes import DTYPE_BYTES, Dtypes, auto_dtype, canonical
 
 MODELS_DIR = Path(__file__).with_name("models")
 
+# weight formats vLLM does not make from an unquantized checkpoint at load (it has no scales for them): only a
+# checkpoint quantized offline holds them (``vllm/model_executor/layers/quantization/modelopt.py``, ``mxfp4.py``)
+OFFLINE_ONLY = ("nvfp4", "mxfp4")
 # the parts of a layer a checkpoint may store in different formats (``ModelSpec.unquantized`` names them)
 PARTS = ("attention", "dense_mlp", "experts", "shared_experts")
 
@@ -78,14 +81,24 @@ class ModelSpec:
     moe_layers: tuple[int, ...] | None = None  # layers whose MLP is MoE (None: all of them when E > 1)
     shared_expert_intermediate_size: int = 0  # width of the shared expert(s) of each MoE layer, all together (0: none)
     expert_bias: bool = False  # experts and router carry biases (GPT-OSS)
+    # multi-token-prediction modules the checkpoint ships (DeepSeek-V3: 1); loaded only as a speculative drafter
+    num_nextn_predict_layers: int = 0
     # weights as the checkpoint stores them
     quantization: str | None = None  # the checkpoint's weight format (fp8_block, fp8, mxfp4, nvfp4, int4); None: dtype
     unquantized: tuple[str, ...] = ()  # parts (``PARTS``) the checkpoint keeps in torch_dtype
 
     def __post_init__(self) -> None:
-        for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                      "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts"):  # fmt: skip
             if getattr(self, field) < 1:
                 raise ValueError(f"model {self.name!r}: {field} must be >= 1, got {getattr(self, field)}")
+        for field in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                      "moe_intermediate_size", "shared_expert_intermediate_size"):  # fmt: skip
+            if getattr(self, field) < 0:
+                raise ValueError(f"model {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"model {self.name!r}: sliding_window must be >= 1 (None: no window), got "
+                             f"{self.sliding_window}")  # fmt: skip
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"model {self.name!r}: num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -170,7 +183,7 @@ class ModelSpec:
         """Whether a layer's KV is charged per token in the KV cache: every layer, except in a model of sliding
         windows and full layers, where vLLM's hybrid KV cache manager keeps a sliding layer's blocks only within its
         window (``vllm/v1/core/single_type_kv_cache_manager.py``, ``SlidingWindowManager``), at most
-        ``ceil((window - 1) / block) + 1`` blocks a request, which ferry leaves uncharged (the README's KV-memory
+        ``ceil((window - 1) / block) + 1`` blocks a request, which ferry leaves uncharged (docs/concepts/kv-cache.md
         section). Llama-4's chunked layers hold a whole chunk (8192 tokens): charged like full ones."""
         return not (self.hybrid_attention and not self.chunked_attention and layer in self.window_layer_ids)
 
@@ -289,6 +302,12 @@ class ModelSpec:
         ``_verify_quantization``)."""
         if quantization is not None and quantization.strip().lower() in ("", "none"):
             quantization = None
+        if quantization is not None and self.quantization is None and canonical(quantization) in OFFLINE_ONLY:
+            raise ValueError(
+                f"quantization={quantization!r}: vLLM loads {canonical(quantization)} weights only from a checkpoint "
+                f"quantized offline (its config.json's quantization_config), and {self.name}'s holds "
+                f"{self.torch_dtype}; give such a checkpoint's config.json, or --quantization fp8 (quantized online)"
+            )
         if quantization is not None and self.quantization is not None:
             if canonical(quantization) != self.quantization:
                 raise ValueError(

@@ -19,7 +19,7 @@ from costmodel import formulas as f
 from costmodel import kerneldb
 from costmodel.dtypes import Dtypes
 from costmodel.hardware import KernelTables
-from costmodel.kernel_tables import GEMM_DTYPES, KV_DTYPES, ROW, FloatArray, _fill, _work, roofline_s
+from costmodel.kernel_tables import GEMM_DTYPES, KV_DTYPES, ROW, FloatArray, fill_grid, roofline_s, work_of
 from costmodel.model_spec import ModelSpec
 
 # ferry's stored format of the routed experts -> the database's ``moe_dtype`` (vLLM's fused MoE kernels)
@@ -62,7 +62,7 @@ def moe_factors(
     sel = sel.sort_values("num_tokens")
     tokens = sel["num_tokens"].to_numpy(float)
     t = tokens / consts[f.MOE_TOKENS]
-    roof = np.array([roofline_s(kernel_params[ROW["moe_experts"]], *map(np.array, _work(
+    roof = np.array([roofline_s(kernel_params[ROW["moe_experts"]], *map(np.array, work_of(
         consts, "moe_experts", x, x, 0.0, x, 0.0, 0.0, 0.0))) for x in t])  # fmt: skip
     return np.log(tokens), np.log(sel["latency_s"].to_numpy() / roof)
 
@@ -127,4 +127,4 @@ def mla_factors(
     xs, ys = np.unique(b), np.unique(along)
     grid = np.full((len(xs), len(ys)), np.nan)
     grid[np.searchsorted(xs, b), np.searchsorted(ys, along)] = factor
-    return np.log(xs), np.log(ys), _fill(grid, np.log(ys))
+    return np.log(xs), np.log(ys), fill_grid(grid, np.log(ys))

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel import drafting, kernel_tables
 from costmodel import formulas as f
-from costmodel import kernel_tables
 from costmodel.dtypes import PEAK_KEY
 from costmodel.formulas import KERNELS
 from costmodel.hardware import HardwareProfile
@@ -100,6 +100,7 @@ class IterationBreakdown:
     num_sampled: int  # sequences that sample a token
     data_parallel_s: float = 0.0  # MoE layers' all-gathers and reduce-scatters over data-parallel ranks (s)
     pipeline_s: float = 0.0  # sends between pipeline stages (s)
+    drafting_s: float = 0.0  # speculative decoding's drafter after the target's pass (s, ``costmodel.drafting``)
 
     @property
     def gpu_time_s(self) -> float:
@@ -142,6 +143,7 @@ class IterationBreakdown:
             "num_tokens": self.num_tokens,
             "num_seqs": self.num_seqs,
             "num_sampled": self.num_sampled,
+            "drafting": {"time_s": self.drafting_s},
         }
 
 
@@ -168,6 +170,13 @@ class CostModel:
         if parallel is not None and tp not in (1, parallel.tp):
             raise ValueError(f"tp={tp} and parallel.tp={parallel.tp}: give one")
         par = parallel or Parallelism(tp=tp)
+        domain = hardware.interconnect.domain_gpus
+        if par.tp > domain:
+            raise ValueError(
+                f"tensor_parallel_size={par.tp} spans more than the {domain} GPUs {hardware.name}'s "
+                f"{hardware.interconnect.name} joins: its all-reduce would cross the network between servers, which "
+                "ferry does not price; split across servers with --pipeline-parallel-size instead"
+            )
         self.model, self.hardware, self.parallel, self.tp = model, hardware, par, par.tp
         self.dtypes = model.dtypes(dtype, kv_cache_dtype, quantization)
         self.layout = layout = Layout(model, par, self.dtypes)
@@ -229,31 +238,42 @@ class CostModel:
                 self.timing = f"measured kernel tables ({ref.describe()}), interpolated"
             except ValueError as exc:  # the package is absent (or another version): the curves fitted to it
                 self.timing = f"the curves fitted to {ref.describe()} ({exc})"
-        self._args = (consts, self._kernel_params, self.tables.toc, self.tables.tab)
+        self._args = (consts, self._kernel_params, self.tables.toc, self.tables.tab, f.new_memo())
+        self.drafter: drafting.Drafter | None = None  # speculative decoding's (``speculate``)
+        self.draft_cost: CostModel | None = None
+        self._dargs: Any = None
+
+    def speculate(self, drafter: drafting.Drafter) -> None:
+        """Time each iteration with ``drafter``'s work after it, and hold its weights and KV cache in the memory plan
+        (``costmodel.drafting.attach``)."""
+        self.drafter = drafter
+        self.draft_cost, self._dargs = drafting.attach(self, drafter)
 
     # ----------------------------------------------------------------------------------------------------------------
     # public (the formulas themselves are in costmodel.formulas, shared with the simulator's compiled engine)
 
     def iteration_time(self, shape: IterationShape) -> float:
-        """Predicted wall time of one iteration (s); 0 for an empty shape."""
-        return f.iteration_time(
-            self._args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled
-        )
+        """Predicted wall time of one iteration (s), a drafter's work included; 0 for an empty shape."""
+        fn, args = self.compiled()
+        return float(fn(args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled,
+                        shape.verify_new, shape.verify_ctx))  # fmt: skip
 
-    def compiled(self) -> tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """``(fn, args)`` for compiled callers: ``fn(args, prefill_new, prefill_ctx, decode_ctx, prefill_sampled)``
-        is ``iteration_time`` as a numba function."""
+    def compiled(self) -> tuple[Any, Any]:
+        """``(fn, args)`` for compiled callers: ``fn(args, prefill_new, prefill_ctx, decode_ctx, prefill_sampled,
+        verify_new, verify_ctx)`` is ``iteration_time`` as a numba function (with a drafter, ``drafting``'s)."""
+        if self._dargs is not None:
+            return drafting.iteration_time, (self._args, self._dargs)
         return f.iteration_time, self._args
 
-    def _sums(self, shape: IterationShape) -> tuple[float, float, float, float, float, float, float, float, float,
-                                                    float, float]:  # fmt: skip
-        return f.shape_sums(self._consts, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled)
+    def _sums(self, shape: IterationShape) -> f.Sums:
+        return f.shape_sums(self._consts, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled,
+                            shape.verify_new, shape.verify_ctx)  # fmt: skip
 
     def kernels(self, shape: IterationShape) -> list[KernelCost]:
         """Every kernel of the iteration with its per-instance FLOPs, bytes and times (no overheads)."""
         sums = self._sums(shape)
-        T, P, D, S, pairs, _, dec_kv, seqs, w_pairs, _, w_dec_kv = sums
-        work = f.kernel_work(self._consts, *sums[:7], *sums[8:])
+        T, P, D, S, pairs, _, dec_kv, seqs, w_pairs, _, w_dec_kv = sums[:11]
+        work = f.kernel_work(self._consts, *sums[:7], *sums[8:16])
         toc, tab = self.tables.toc, self.tables.tab
         out = []
         for i, ((name, op, op_class, _, _), row) in enumerate(zip(KERNELS, self._kernel_params, strict=True)):
@@ -262,11 +282,15 @@ class CostModel:
             bound = "compute" if flops * row[f.M_RATE] >= nbytes * row[f.C_RATE] else "memory"
             table = int(f.KERNEL_TABLE[i])
             factor, roof = 1.0, max(tc, tm, row[f.FLOOR]) if max(tc, tm) > 0.0 else 0.0
-            if table >= 0 and roof > 0.0 and toc[table, f.NX] > 0:
+            read = sums[f.SUM_W_V_KV] if i == f.VERIFY_KERNELS[1] else sums[f.SUM_V_KV]
+            if i in f.VERIFY_KERNELS and roof > 0.0 and read > 0.0:
+                factor = f.table_factor(toc, tab, f.T_DECODE, np.log(sums[f.SUM_V_SEQS]), np.log(read))
+            elif table >= 0 and roof > 0.0 and toc[table, f.NX] > 0:
                 windowed = i in f.WINDOW_KERNELS
                 at = (w_pairs, w_dec_kv) if windowed else (pairs, dec_kv)
                 moe_tokens = self._consts[f.MOE_TOKENS]
-                factor = f.kernel_table_time(toc, tab, table, roof, T, D, S, seqs - D, *at, moe_tokens) / roof
+                prefills = seqs - D - sums[f.SUM_V_SEQS]
+                factor = f.kernel_table_time(toc, tab, table, roof, T, D, S, prefills, *at, moe_tokens) / roof
             out.append(
                 KernelCost(name, op, op_class, int(row[f.COUNT]), flops, nbytes, tc, tm, bound, row[f.FLOOR], factor)
             )
@@ -292,11 +316,14 @@ class CostModel:
         comm_s, message = f.allreduce(self._consts, self.tables.toc, self.tables.tab, T)
         calls = int(self._consts[f.N_ALLREDUCE]) if comm_s > 0.0 else 0
         dp_s, p2p_s = f.collectives(self._consts, T)
-        cs = self._consts
-        host = cs[f.PER_ITERATION] + cs[f.PER_SEQUENCE] * sums[7] + cs[f.PER_PREFILL] * (sums[7] - sums[2])
-        overhead = host if T > 0.0 else 0.0
+        overhead = f.host_time(self._consts, sums) if T > 0.0 else 0.0
+        drafting_s = 0.0
+        if self._dargs is not None and T > 0.0:
+            drafting_s = drafting.drafting_time(self._dargs, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx,
+                                                shape.verify_new, shape.verify_ctx)  # fmt: skip
+        target = f.time_of_sums(self._consts, self._kernel_params, self.tables.toc, self.tables.tab, sums, f.NO_MEMO)
         return IterationBreakdown(
-            time_s=f.time_of_sums(self._consts, self._kernel_params, self.tables.toc, self.tables.tab, sums),
+            time_s=target + drafting_s,
             ops=op_costs,
             communication_s=comm_s + dp_s + p2p_s,
             communication_bytes=calls * message,
@@ -307,6 +334,7 @@ class CostModel:
             num_sampled=int(sums[3]),
             data_parallel_s=dp_s,
             pipeline_s=p2p_s,
+            drafting_s=drafting_s,
         )
 
     @property
@@ -352,7 +380,9 @@ class CostModel:
         has the blocks of the stage that fits fewest (vLLM takes the least of its workers' counts)."""
         reserve = self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs)
         plans = []
+        draft_weights, draft_kv = drafting.drafter_bytes(self)
         for stage in range(self.parallel.pp):
+            last = stage == self.parallel.pp - 1  # vLLM runs the drafter on the last stage
             plans.append(
                 plan_memory(
                     model=self.model.name,
@@ -360,9 +390,9 @@ class CostModel:
                     tp=self.tp,
                     gpu_memory_bytes=self.hardware.memory_bytes,
                     gpu_memory_utilization=gpu_memory_utilization,
-                    weight_bytes_per_gpu=int(self.layout.stage_weight_bytes(stage)),
+                    weight_bytes_per_gpu=int(self.layout.stage_weight_bytes(stage) + (draft_weights if last else 0)),
                     activation_reserve_bytes=int(reserve),
-                    kv_bytes_per_token=self.layout.stage_kv_bytes_per_token(stage),
+                    kv_bytes_per_token=self.layout.stage_kv_bytes_per_token(stage) + (draft_kv if last else 0),
                     block_size=block_size,
                     reserve_for=f"max_num_batched_tokens={max_num_batched_tokens:,} and max_num_seqs={max_num_seqs:,}",
                     layout=self.parallel.describe(),

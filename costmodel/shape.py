@@ -8,7 +8,9 @@ An iteration runs one forward pass over
   KV cache plus itself.
 
 ``prefill_sampled`` counts the prefill chunks that finish their prompt in this iteration: those, and every decode
-step, run the LM head and sample a token. All counts are tokens; nothing here is time.
+step, run the LM head and sample a token. With speculative decoding a sequence may instead be verified: a query of
+``verify_new[k]`` tokens (its last token and its draft tokens) on top of ``verify_ctx[k]`` cached ones, every one of
+them through the LM head. All counts are tokens; nothing here is time.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class IterationShape:
     decode_ctx: IntArray = field(default_factory=lambda: _EMPTY)
     # how many of the prefill chunks complete their prompt and so sample a token (count)
     prefill_sampled: int = 0
+    # speculative decoding: per verified sequence, its query tokens (1 + its drafts) and its cached tokens before them
+    verify_new: IntArray = field(default_factory=lambda: _EMPTY)
+    verify_ctx: IntArray = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
         if len(self.prefill_new) != len(self.prefill_ctx):
@@ -43,6 +48,8 @@ class IterationShape:
             )
         if not 0 <= self.prefill_sampled <= len(self.prefill_new):
             raise ValueError(f"prefill_sampled={self.prefill_sampled} must be in [0, {len(self.prefill_new)}]")
+        if len(self.verify_new) != len(self.verify_ctx):
+            raise ValueError(f"verify_new has {len(self.verify_new)} entries but verify_ctx has {len(self.verify_ctx)}")
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -55,19 +62,25 @@ class IterationShape:
         return len(self.decode_ctx)
 
     @property
+    def num_verify_tokens(self) -> int:
+        """Query tokens of the verified sequences (tokens)."""
+        return int(self.verify_new.sum())
+
+    @property
     def num_tokens(self) -> int:
         """All tokens that go through the linear layers this iteration (tokens)."""
-        return self.num_prefill_tokens + self.num_decode_seqs
+        return self.num_prefill_tokens + self.num_decode_seqs + self.num_verify_tokens
 
     @property
     def num_seqs(self) -> int:
-        """Sequences in the iteration, prefill chunks and decodes together (count)."""
-        return len(self.prefill_new) + len(self.decode_ctx)
+        """Sequences in the iteration, prefill chunks, decodes and verifications together (count)."""
+        return len(self.prefill_new) + len(self.decode_ctx) + len(self.verify_new)
 
     @property
     def num_sampled(self) -> int:
-        """Sequences that run the LM head and sample a token this iteration (count)."""
-        return self.prefill_sampled + len(self.decode_ctx)
+        """Rows that run the LM head this iteration: a sampling prefill chunk or decode one each, a verification
+        each of its query tokens (count)."""
+        return self.prefill_sampled + len(self.decode_ctx) + self.num_verify_tokens
 
     @classmethod
     def of(
@@ -75,8 +88,10 @@ class IterationShape:
         prefill: list[tuple[int, int]] | None = None,
         decode: list[tuple[int, int]] | None = None,
         prefill_sampled: int | None = None,
+        verify: list[tuple[int, int, int]] | None = None,
     ) -> IterationShape:
-        """Build a shape from ``[(new, ctx), ...]`` prefill chunks and ``[(count, ctx), ...]`` decode groups.
+        """Build a shape from ``[(new, ctx), ...]`` prefill chunks, ``[(count, ctx), ...]`` decode groups and
+        ``[(count, query tokens, ctx), ...]`` groups of verified sequences.
 
         Every prefill chunk samples unless ``prefill_sampled`` says how many do.
         """
@@ -86,4 +101,8 @@ class IterationShape:
         ctx = np.array([c for _, c in prefill], dtype=np.int64)
         dctx = np.concatenate([np.full(b, c, dtype=np.int64) for b, c in decode]) if decode else _EMPTY
         sampled = len(prefill) if prefill_sampled is None else prefill_sampled
-        return cls(prefill_new=new, prefill_ctx=ctx, decode_ctx=dctx, prefill_sampled=sampled)
+        groups = verify or []
+        vnew = np.concatenate([np.full(b, q, dtype=np.int64) for b, q, _ in groups]) if groups else _EMPTY
+        vctx = np.concatenate([np.full(b, c, dtype=np.int64) for b, _, c in groups]) if groups else _EMPTY
+        return cls(prefill_new=new, prefill_ctx=ctx, decode_ctx=dctx, prefill_sampled=sampled, verify_new=vnew,
+                   verify_ctx=vctx)  # fmt: skip

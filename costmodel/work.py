@@ -29,7 +29,7 @@ Per layer kind:
   (``MOE_TOKENS`` times its own, the ranks' batches taken to be alike). Under uniform routing the rows it computes are
   ``T_moe k E_local / E`` and the distinct experts whose weights it reads are ``E_local (1 - (1 - k/E)^T_moe)``: the
   expected number hit by ``T_moe`` tokens, growing with the batch and capped at all of them (routing is uniform in
-  expectation only: real routers are skewed, which the README's semantics table says).
+  expectation only: real routers are skewed, which the semantics table says (docs/concepts/semantics.md)).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 from numba import njit
+
+from costmodel import numba_cache
+
+numba_cache.configure()  # before anything here is compiled (see costmodel.numba_cache)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -63,8 +67,13 @@ KERNELS: tuple[tuple[str, str, str, int, int], ...] = (
     ("moe_experts", "moe", "gemm", 0, 0),
     ("moe_shared", "moe", "gemm", 0, 0),
     ("final_norm", "norms", "elementwise", 0, 1),
-    ("lm_head", "lm_head", "gemm", 0, 1),  # on the sampled tokens only
+    ("lm_head", "lm_head", "gemm", 0, 1),  # on the sampled tokens only (a verification's every query token)
+    # speculative decoding's verification: each sequence's query of 1 + k tokens over its cached context (appended
+    # here, after the kernels whose positions calibration reads)
+    ("attention_verify", "attention_verify", "attention_decode", 1, 0),
+    ("attention_verify_window", "attention_verify", "attention_decode", 0, 0),
 )
+
 KERNEL_ROW = {name: i for i, (name, _, _, _, _) in enumerate(KERNELS)}
 
 # indices into ``consts``; the first 21 are kept where they were (calibration reads them)
@@ -83,8 +92,11 @@ PER_ITERATION, PER_SEQUENCE = 19, 20
 PER_PREFILL = 42  # host seconds per prompt chunk in the iteration (Overheads.per_prefill_s)
 NUM_CONSTS = 43
 
-# what ``shape_sums`` returns, by position
-NUM_SUMS = 11
+# what ``shape_sums`` returns, by position: T, P, D, S, the prefill pairs, prefill KV read, decode KV read, sequences,
+# the windowed layers' three; then speculative decoding's verifications: their query tokens, (query, key) pairs, KV
+# read, the windowed layers' pairs and KV read, and their count
+NUM_SUMS = 17
+SUM_VQ, SUM_V_PAIRS, SUM_V_KV, SUM_W_V_PAIRS, SUM_W_V_KV, SUM_V_SEQS = range(11, 17)
 
 
 @njit(cache=True)
@@ -109,13 +121,20 @@ def _window_pairs(n: int, c: int, w: int, chunked: bool) -> tuple[int, int]:
     return pairs2, keys
 
 
+Sums = tuple[float, float, float, float, float, float, float, float, float, float, float, float, float, float, float,
+             float, float]  # fmt: skip
+NO_VERIFY = np.zeros(0, dtype=np.int64)
+
+
 @njit(cache=True)
 def shape_sums(
-    consts: FloatArray, prefill_new: IntArray, prefill_ctx: IntArray, decode_ctx: IntArray, prefill_sampled: int
-) -> tuple[float, float, float, float, float, float, float, float, float, float, float]:
+    consts: FloatArray, prefill_new: IntArray, prefill_ctx: IntArray, decode_ctx: IntArray, prefill_sampled: int,
+    verify_new: IntArray = NO_VERIFY, verify_ctx: IntArray = NO_VERIFY,
+) -> Sums:  # fmt: skip
     """Reduce an iteration's shape to what the formulas need: T tokens, P prefill tokens, D decodes, S sampled,
     prefill (query, key) pairs, KV tokens read by prefill and by decode attention, the sequences, and the same three
-    attention sums for the windowed layers of a hybrid model (0 without them)."""
+    attention sums for the windowed layers of a hybrid model (0 without them); then the verifications' (``VQ`` ...:
+    a query of ``verify_new`` tokens over ``verify_ctx`` cached ones each, every query token sampled)."""
     window = int(consts[WINDOW])  # -1: full attention (a window here applies to every layer: Mistral)
     window2 = int(consts[WINDOW2])  # -1: no windowed layers of their own
     chunked = consts[CHUNKED] > 0.0
@@ -150,19 +169,47 @@ def shape_sums(
         dec_kv += ctx + 1 if window < 0 else min(ctx + 1, window)
         if window2 >= 0:
             w_dec_kv += ctx % window2 + 1 if chunked else min(ctx + 1, window2)
+    # verifications: a query of q tokens after c cached ones, causal among themselves, as a prefill chunk's pairs
+    n_vf = verify_new.shape[0]
+    v_q = 0
+    v_pairs2 = 0
+    v_kv = 0
+    w_v_pairs2 = 0
+    w_v_kv = 0
+    for j in range(n_vf):
+        q = verify_new[j]
+        c = verify_ctx[j]
+        v_q += q
+        if window < 0:
+            v_pairs2 += 2 * q * c + q * (q + 1)
+            v_kv += c + q
+        else:
+            p2, kv = _window_pairs(q, c, window, False)
+            v_pairs2 += p2
+            v_kv += kv
+        if window2 >= 0:
+            p2, kv = _window_pairs(q, c, window2, chunked)
+            w_v_pairs2 += p2
+            w_v_kv += kv
     prefill = float(s_n)
     return (
-        prefill + n_dec,
+        prefill + n_dec + v_q,
         prefill,
         float(n_dec),
-        float(prefill_sampled + n_dec),
+        float(prefill_sampled + n_dec + v_q),
         0.5 * float(pairs2),
         float(pf_kv),
         float(dec_kv),
-        float(n_pf + n_dec),
+        float(n_pf + n_dec + n_vf),
         0.5 * float(w_pairs2),
         float(w_pf_kv),
         float(w_dec_kv),
+        float(v_q),
+        0.5 * float(v_pairs2),
+        float(v_kv),
+        0.5 * float(w_v_pairs2),
+        float(w_v_kv),
+        float(n_vf),
     )
 
 
@@ -193,19 +240,53 @@ def _attention(consts: FloatArray, P: float, D: float, pairs: float, pf_kv: floa
 
 
 @njit(cache=True)
+def _verify_attention(consts: FloatArray, VQ: float, pairs: float, kv_read: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one layer's attention over the verifications: ``VQ`` query tokens, their (query, key)
+    pairs, the KV tokens they read (each sequence's context and its queries, once). Grouped-query attention as a
+    prefill chunk is counted (the queries' pairs; Q read, O written, the sequence's K and V read once and the new
+    ones written); MLA in the absorbed form its decodes take (vLLM runs a verification of up to 1 + k queries as a
+    decode: ``reorder_batch_threshold``), per pair and reading one latent copy per sequence."""
+    a, c = consts[A], consts[C]
+    if consts[MLA] > 0.0:
+        nh, lat = consts[NH], consts[LAT] + consts[ROPE]
+        return 2.0 * nh * (lat + consts[LAT]) * pairs, VQ * nh * (lat + consts[LAT]) * a + (VQ + kv_read) * lat * c
+    q, kv = consts[Q], consts[KV]
+    return 4.0 * q * pairs, 2.0 * VQ * q * a + 2.0 * kv * c * (VQ + kv_read)
+
+
+@njit(cache=True)
 def kernel_work(
     consts: FloatArray, T: float, P: float, D: float, S: float, pf_pairs: float, pf_kv: float, dec_kv: float,
-    w_pairs: float = 0.0, w_pf_kv: float = 0.0, w_dec_kv: float = 0.0,
+    w_pairs: float = 0.0, w_pf_kv: float = 0.0, w_dec_kv: float = 0.0, VQ: float = 0.0, v_pairs: float = 0.0,
+    v_kv: float = 0.0, w_v_pairs: float = 0.0, w_v_kv: float = 0.0,
 ) -> FloatArray:  # fmt: skip
-    """(FLOPs, bytes) of one instance of each kernel in ``KERNELS`` order, flattened; per GPU."""
-    h, q, inter, vocab = consts[H], consts[Q], consts[MLP], consts[V]
+    """(FLOPs, bytes) of one instance of each kernel in ``KERNELS`` order, flattened; per GPU: the kernels that
+    depend on the tokens alone (``token_work``) and those that depend on the shape (``shape_work``)."""
+    out = np.zeros(2 * len(KERNELS))
+    token_work(consts, T, out)
+    shape_work(consts, P, D, S, pf_pairs, pf_kv, dec_kv, w_pairs, w_pf_kv, w_dec_kv, out, VQ, v_pairs, v_kv,
+               w_v_pairs, w_v_kv)  # fmt: skip
+    return out
+
+
+# the kernels whose work is a function of the iteration's tokens T alone (``token_work``); the others (attention,
+# MLA's expansions, the LM head) depend on how the tokens are split into prompts and decodes (``shape_work``)
+BY_TOKENS = np.array([name not in ("attention_prefill", "attention_decode", "attention_prefill_window",
+                                   "attention_decode_window", "mla_kv_up", "mla_absorb", "lm_head",
+                                   "attention_verify", "attention_verify_window")
+                      for name, _, _, _, _ in KERNELS])  # fmt: skip
+
+
+@njit(cache=True)
+def token_work(consts: FloatArray, T: float, out: FloatArray) -> None:
+    """Into ``out`` (``kernel_work``'s layout): the (FLOPs, bytes) of the kernels of ``BY_TOKENS``, over T tokens."""
+    h, q, inter = consts[H], consts[Q], consts[MLP]
     a, w = consts[A], consts[W]
     gated = consts[GATED] > 0.0
     act_flops = 5.0 if gated else 8.0  # per output element: SiLU (~4) x up, or GELU (tanh form, ~8); nominal
     act_io = 3.0 if gated else 2.0  # elements moved per output element: read gate, up; write out
     norm_flops = 4.0 * T * h  # residual add, square-accumulate, scale, weight multiply
     norm_bytes = 4.0 * T * h * a + h * a  # read input and residual, write both; weight vector
-    out = np.zeros(2 * len(KERNELS))
     # embedding: gather T rows of the table, write the hidden states
     out[0], out[1] = 0.0, 2.0 * T * h * a
     # norm (fused add + RMSNorm)
@@ -218,21 +299,6 @@ def kernel_work(
     # rope: rotate q and k in place (~3 FLOPs per element), read and write them (MLA: the rotary parts only)
     rot = consts[NH] * consts[ROPE] + consts[ROPE] if consts[MLA] > 0.0 else q + consts[KV]
     out[6], out[7] = 3.0 * T * rot, 2.0 * T * rot * a
-    full = _attention(consts, P, D, pf_pairs, pf_kv, dec_kv)
-    out[8], out[9], out[10], out[11] = full[0], full[1], full[2], full[3]
-    windowed = _attention(consts, P, D, w_pairs, w_pf_kv, w_dec_kv)
-    out[12], out[13], out[14], out[15] = windowed[0], windowed[1], windowed[2], windowed[3]
-    if consts[MLA] > 0.0:
-        nh, lat, nope, dv = consts[NH], consts[LAT], consts[NOPE], consts[DV]
-        # mla_kv_up: [K x latent] @ [latent x nh (d_nope + d_v)] over the K keys a prefill attends (its context and
-        # itself); reads the cached latent, writes the expanded keys and values
-        up = lat * nh * (nope + dv)
-        out[16] = 2.0 * pf_kv * up
-        out[17] = (up * w + pf_kv * (lat + consts[ROPE]) * consts[C] + pf_kv * nh * (nope + dv) * a) if P > 0.0 else 0.0
-        # mla_absorb: per decode and head, [d_nope] @ [d_nope x latent] before attention and [latent] @ [latent x d_v]
-        # after; W_UK and W_UV held in the activation format
-        out[18] = 2.0 * D * nh * lat * (nope + dv)
-        out[19] = (nh * lat * (nope + dv) * a + D * nh * (nope + 2.0 * lat + dv) * a) if D > 0.0 else 0.0
     # o_proj: [T x o_in] @ [o_in x H]
     o_in = consts[O_IN]
     out[20], out[21] = 2.0 * T * o_in * h, o_in * h * w + T * (o_in + h) * a
@@ -263,6 +329,37 @@ def kernel_work(
             out[33] = (h * sh_up + sh * h) * consts[W_SH] + T * (2.0 * h + sh_up + act_io * sh) * a
     # final_norm: once, over all T tokens
     out[34], out[35] = norm_flops, norm_bytes
-    # lm_head: only the S sampling sequences' last hidden states, [S x H] @ [H x V/tp], unquantized
+
+
+@njit(cache=True)
+def shape_work(
+    consts: FloatArray, P: float, D: float, S: float, pf_pairs: float, pf_kv: float, dec_kv: float, w_pairs: float,
+    w_pf_kv: float, w_dec_kv: float, out: FloatArray, VQ: float = 0.0, v_pairs: float = 0.0, v_kv: float = 0.0,
+    w_v_pairs: float = 0.0, w_v_kv: float = 0.0,
+) -> None:  # fmt: skip
+    """Into ``out`` (``kernel_work``'s layout): the (FLOPs, bytes) of the kernels not in ``BY_TOKENS``; the
+    verifications' attention (``VQ`` query tokens ...: ``shape_sums``) in their own kernels, their queries through
+    MLA's absorption as decodes'."""
+    h, vocab, a = consts[H], consts[V], consts[A]
+    full = _attention(consts, P, D, pf_pairs, pf_kv, dec_kv)
+    out[8], out[9], out[10], out[11] = full[0], full[1], full[2], full[3]
+    windowed = _attention(consts, P, D, w_pairs, w_pf_kv, w_dec_kv)
+    out[12], out[13], out[14], out[15] = windowed[0], windowed[1], windowed[2], windowed[3]
+    if consts[MLA] > 0.0:
+        nh, lat, nope, dv = consts[NH], consts[LAT], consts[NOPE], consts[DV]
+        w = consts[W]
+        # mla_kv_up: [K x latent] @ [latent x nh (d_nope + d_v)] over the K keys a prefill attends (its context and
+        # itself); reads the cached latent, writes the expanded keys and values
+        up = lat * nh * (nope + dv)
+        out[16] = 2.0 * pf_kv * up
+        out[17] = (up * w + pf_kv * (lat + consts[ROPE]) * consts[C] + pf_kv * nh * (nope + dv) * a) if P > 0.0 else 0.0
+        # mla_absorb: per decode (or verification) query and head, [d_nope] @ [d_nope x latent] before attention and
+        # [latent] @ [latent x d_v] after; W_UK and W_UV held in the activation format
+        rows = D + VQ
+        out[18] = 2.0 * rows * nh * lat * (nope + dv)
+        out[19] = (nh * lat * (nope + dv) * a + rows * nh * (nope + 2.0 * lat + dv) * a) if rows > 0.0 else 0.0
+    # lm_head: only the S sampled rows' hidden states, [S x H] @ [H x V/tp], unquantized
     out[36], out[37] = 2.0 * S * h * vocab, h * vocab * a + S * (h + vocab) * a
-    return out
+    if VQ > 0.0:  # attention_verify, attention_verify_window
+        out[38], out[39] = _verify_attention(consts, VQ, v_pairs, v_kv)
+        out[40], out[41] = _verify_attention(consts, VQ, w_v_pairs, w_v_kv)

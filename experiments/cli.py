@@ -14,33 +14,47 @@ import sys
 from experiments import interrupts
 from experiments.errors import one_line
 
-# modules that define a subcommand, in the order `ferry --help` lists them
-COMMAND_MODULES = (
-    "experiments.commands.run",
-    "experiments.commands.iteration",
-    "experiments.commands.roofline",
-    "experiments.commands.validate_kernels",
-    "experiments.commands.kv_usage",
-    "experiments.commands.calibrate",
-    "experiments.commands.validate",
-    "experiments.commands.serve",
-    "experiments.commands.probe",
-    "experiments.commands.teach",
-    "experiments.commands.explore",
-    "experiments.commands.plan",
-    "experiments.commands.sweep",
-    "experiments.commands.plot",
-    "experiments.commands.fetch_data",
-)
+# each subcommand and the module that defines it, in the order `ferry --help` lists them
+COMMANDS = {
+    "run": "experiments.commands.run",
+    "iteration": "experiments.commands.iteration",
+    "roofline": "experiments.commands.roofline",
+    "validate-kernels": "experiments.commands.validate_kernels",
+    "kv-usage": "experiments.commands.kv_usage",
+    "calibrate": "experiments.commands.calibrate",
+    "validate": "experiments.commands.validate",
+    "serve": "experiments.commands.serve",
+    "probe": "experiments.commands.probe",
+    "teach": "experiments.commands.teach",
+    "explore": "experiments.commands.explore",
+    "plan": "experiments.commands.plan",
+    "sweep": "experiments.commands.sweep",
+    "plot": "experiments.commands.plot",
+    "fetch-data": "experiments.commands.fetch_data",
+    "models": "experiments.commands.models",
+    "hardware": "experiments.commands.hardware",
+}
+COMMAND_MODULES = tuple(COMMANDS.values())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; given the command line, only of the subcommand it names (a command's module
+    imports what it runs: the simulator, the kernel database, PyTorch, a web server), so that `ferry run` does not
+    load the others' (the parse is the same: one subcommand's flags are its own)."""
     parser = argparse.ArgumentParser(prog="ferry", description="Discrete-event simulator of LLM serving schedulers.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    named = _command_named(sys.argv[1:] if argv is None else argv)
+    for name, module in COMMANDS.items():
+        if named is None or name == named:
+            importlib.import_module(module).register(sub)
     return parser
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` asks for (its first word after ferry's own flags), or None (help, a typo)."""
+    words = [w for w in argv if w != "--debug"]
+    return words[0] if words and words[0] in COMMANDS else None
 
 
 INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
@@ -49,7 +63,7 @@ INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2
 def main(argv: list[str] | None = None) -> int:
     with interrupts.watch():  # before the subcommands' imports, which take a second or two
         try:
-            args = build_parser().parse_args(argv)
+            args = build_parser(argv).parse_args(argv)
             return _run(args)
         except KeyboardInterrupt:
             command = getattr(locals().get("args"), "command", None)

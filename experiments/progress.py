@@ -43,3 +43,38 @@ class Progress:
         if self.drawn:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class Bar:
+    """Jobs done, and the time left at the pace so far, redrawn on one line; on a terminal only."""
+
+    def __init__(self, total: int, what: str, stream: TextIO | None = None) -> None:
+        self.total, self.what, self.done, self.extra = total, what, 0, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.perf_counter()
+
+    def step(self, extra: bool = False) -> None:
+        """One job done; ``extra``: one beyond the ``total`` counted (a plan's curve points, after its candidates)."""
+        interrupts.checkpoint()
+        if extra:
+            self.extra += 1
+        else:
+            self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        if self.done < self.total:
+            tail = f"about {elapsed / max(self.done, 1) * (self.total - self.done):,.0f} s left"
+        else:
+            tail = f"then {self.extra:,} more" if self.extra else "done"
+        self.stream.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done:,}/{self.total:,} {self.what}  "
+                          f"{elapsed:,.0f} s, {tail} ")  # fmt: skip
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and (self.done or self.extra):
+            self.stream.write("\n")
+            self.stream.flush()

@@ -6,14 +6,17 @@ touches SimPy. That is what lets the same policy object drive a simulated clock 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
+from policies.by_name import load_class
 from policies.config import SchedulerConfig
 from sim.request import Status
 from sim.state import Batch, SchedulerState, Wait
+
+IntArray = npt.NDArray[np.int64]
 
 
 @runtime_checkable
@@ -45,25 +48,8 @@ def names() -> list[str]:
 def get_class(name: str) -> Any:
     """The policy class ``name`` names: a registered name, or ``package.module:Class`` (a class with
     ``from_config`` and ``schedule``)."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if ":" not in name:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())} or give module:Class")
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"policy {name!r}: expected package.module:Class")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"policy {name!r} could not be loaded: {exc}") from exc
-    missing = [m for m in ("from_config", "schedule") if not callable(getattr(cls, m, None))]
-    if not isinstance(cls, type) or missing:
-        what = type(cls).__name__ if not isinstance(cls, type) else f"class without {' and '.join(missing)}"
-        raise ValueError(
-            f"policy {name!r} is a {what}, not a policy: give a class with from_config(SchedulerConfig) and "
-            "schedule(state)"
-        )
-    return cls
+    return load_class(name, "policy", _REGISTRY, ("from_config", "schedule"),
+                      "from_config(SchedulerConfig) and schedule(state)")  # fmt: skip
 
 
 def get(config: SchedulerConfig) -> Policy:
@@ -88,21 +74,36 @@ def get(config: SchedulerConfig) -> Policy:
 class BatchBuilder:
     """Collects (request, tokens) pairs for one iteration and the token budget left."""
 
-    __slots__ = ("ids", "num_new", "budget", "scheduled", "preempted", "cached")
+    __slots__ = ("ids", "num_new", "verified", "budget", "slots", "scheduled", "preempted", "cached", "running",
+                 "running_prefill")  # fmt: skip
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, slots: int = 0) -> None:
+        """``slots``: input slots each scheduled request takes beyond its tokens (speculative decoding with a draft
+        model: vLLM's ``max_num_new_slots_for_drafting``), charged as vLLM charges them to its input budget."""
         self.ids: list[int] = []
         self.num_new: list[int] = []
-        self.budget = budget  # tokens still allowed this iteration
+        self.verified: list[int] = []  # of each entry's tokens, those not draft tokens (what a prefix cache caches)
+        self.budget = budget - slots  # tokens still allowed this iteration (with a draft model, less its slots)
+        self.slots = slots
         self.scheduled: set[int] = set()  # requests already in the batch (never chosen as preemption victims)
         self.preempted = False  # whether this step preempted anything
         self.cached = 0  # entries whose blocks a prefix cache has cached already (``admit_waiting``)
+        self.running = 0  # entries the pass over the running requests scheduled (speculative decoding's padding)
+        self.running_prefill = False  # whether one of those continued a prefill
 
-    def add(self, req: int, tokens: int) -> None:
+    def add(self, req: int, tokens: int, verified: int | None = None) -> None:
         self.ids.append(req)
         self.num_new.append(tokens)
+        self.verified.append(tokens if verified is None else verified)
         self.scheduled.add(req)
-        self.budget -= tokens
+        self.budget -= tokens + self.slots
+
+    def end_running_pass(self, state: SchedulerState) -> None:
+        """Note what the pass over the running requests scheduled (vLLM's ``scheduled_running_reqs`` and
+        ``prefill_scheduled``, which decide whether an admission is padded with placeholder drafts)."""
+        self.running = len(self.ids)
+        if self.ids:
+            self.running_prefill = bool(state.reqs.is_prefilling(np.array(self.ids, dtype=np.int64)).any())
 
     def build(self, hold_finished: bool = False) -> Batch | None:
         if not self.ids:
@@ -112,6 +113,11 @@ class BatchBuilder:
             num_new=np.array(self.num_new, dtype=np.int64),
             hold_finished=hold_finished,
         )
+
+
+def draft_slots(state: SchedulerState) -> int:
+    """Input slots each scheduled request takes beyond its tokens (speculative decoding with a draft model)."""
+    return state.spec.draft_slots if state.spec is not None else 0
 
 
 def allocate_or_preempt(state: SchedulerState, req: int, tokens: int, batch: BatchBuilder) -> bool:
@@ -140,6 +146,7 @@ def schedule_decodes(state: SchedulerState, batch: BatchBuilder) -> None:
     if state.kv.allocate_all(decoding, reqs.computed[decoding] + 1):  # the common case: room for everyone
         batch.ids.extend(decoding.tolist())
         batch.num_new.extend([1] * len(decoding))
+        batch.verified.extend([1] * len(decoding))
         batch.scheduled.update(batch.ids[-len(decoding) :])
         batch.budget -= len(decoding)
         return
@@ -161,6 +168,9 @@ def schedule_running(state: SchedulerState, batch: BatchBuilder, chunk_cap: int)
     running = np.array(state.running, dtype=np.int64)
     if not len(running) or batch.budget <= 0:
         return
+    if state.spec is not None:
+        _speculative_running(state, batch, running, chunk_cap)
+        return
     # the common case first: everyone the budget reaches fits in the cache (all or nothing; same holdings as one by
     # one when all succeed)
     want = np.minimum(reqs.remaining(running), chunk_cap)
@@ -170,8 +180,33 @@ def schedule_running(state: SchedulerState, batch: BatchBuilder, chunk_cap: int)
     if kv.allocate_all(running[:reached], reqs.computed[running[:reached]] + take):
         batch.ids.extend(running[:reached].tolist())
         batch.num_new.extend(take.tolist())
+        batch.verified.extend(take.tolist())
         batch.scheduled.update(batch.ids[-reached:])
         batch.budget -= int(take.sum())
+        return
+    _one_by_one(state, batch, chunk_cap, prefills_only=False)
+
+
+def _speculative_running(state: SchedulerState, batch: BatchBuilder, running: IntArray, chunk_cap: int) -> None:
+    """``schedule_running`` with speculative decoding (``sim.speculation``): each request wants what it needs and
+    its draft tokens, capped at ``chunk_cap`` and at ``max_model_len - computed - 1``, and takes KV for them and the
+    lookahead slots (at most ``max_model_len``); each takes its input slots from the budget too. The same
+    all-or-nothing fast path, then one by one."""
+    reqs, kv, spec = state.reqs, state.kv, state.spec
+    assert spec is not None
+    computed = reqs.computed[running]
+    need = np.asarray(reqs.remaining(running))
+    want = np.minimum(np.minimum(need + reqs.drafts[running], chunk_cap), state.max_model_len - computed - 1)
+    step = want + batch.slots
+    before = np.cumsum(step) - step  # budget taken by those ahead of each request
+    reached = int(np.searchsorted(before, batch.budget, side="left"))
+    take = np.minimum(want[:reached], batch.budget - before[:reached])
+    if kv.allocate_all(running[:reached], np.minimum(computed[:reached] + take + spec.lookahead, state.max_model_len)):
+        batch.ids.extend(running[:reached].tolist())
+        batch.num_new.extend(take.tolist())
+        batch.verified.extend(np.minimum(take, need[:reached]).tolist())
+        batch.scheduled.update(batch.ids[-reached:])
+        batch.budget -= int(take.sum()) + batch.slots * reached
         return
     _one_by_one(state, batch, chunk_cap, prefills_only=False)
 
@@ -185,7 +220,7 @@ def _one_by_one(state: SchedulerState, batch: BatchBuilder, chunk_cap: int, pref
     """Give running requests in admission order what they still need, within the budget and ``chunk_cap``, preempting
     when the cache is full (``prefills_only``: those not yet in the batch whose prefill is unfinished). It stops when
     a request had to preempt itself: everyone else still running is then in the batch already."""
-    reqs = state.reqs
+    reqs, spec = state.reqs, state.spec
     for req in list(state.running):
         if batch.budget <= 0:
             return
@@ -193,10 +228,16 @@ def _one_by_one(state: SchedulerState, batch: BatchBuilder, chunk_cap: int, pref
             continue
         if prefills_only and (req in batch.scheduled or not reqs.is_prefilling(req)):
             continue
-        tokens = min(int(reqs.remaining(req)), chunk_cap, batch.budget)
-        if not allocate_or_preempt(state, req, int(reqs.computed[req]) + tokens, batch):
+        need, computed = int(reqs.remaining(req)), int(reqs.computed[req])
+        if spec is None:
+            tokens = min(need, chunk_cap, batch.budget)
+            room = computed + tokens
+        else:  # its draft tokens too, within max_model_len; KV for them and the lookahead slots
+            tokens = min(need + int(reqs.drafts[req]), chunk_cap, batch.budget, state.max_model_len - computed - 1)
+            room = min(computed + tokens + spec.lookahead, state.max_model_len)
+        if not allocate_or_preempt(state, req, room, batch):
             return
-        batch.add(req, tokens)
+        batch.add(req, tokens, min(tokens, need))
 
 
 RESERVATIONS = ("paged", "output", "max_model_len")
@@ -229,8 +270,10 @@ def admit_waiting(
     ``scheduler_reserve_full_isl``, ``KVCacheManager.allocate_slots(full_sequence_must_fit=True)``), if the KV of
     all the tokens it holds (its prompt, plus what it had generated before a preemption) would fit as well, though
     only its first chunk's blocks are allocated now. Without ``full_prompt`` only the first chunk must fit (vLLM V1
-    before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running."""
-    reqs, kv = state.reqs, state.kv
+    before ``scheduler_reserve_full_isl``). The watermark applies to both checks when something is running. With
+    speculative decoding the chunk's KV takes the lookahead slots too, and a request one token short of its sequence
+    may be padded with placeholder drafts (``pad_drafts``)."""
+    reqs, kv, spec = state.reqs, state.kv, state.spec
     admitted = 0
     while state.waiting and len(state.running) < max_num_seqs and batch.budget > 0:
         req = state.waiting[0]
@@ -238,13 +281,20 @@ def admit_waiting(
         # what the cache already holds of it is not computed again: a prefix found cached (vLLM's
         # get_computed_blocks; the blocks this step fills are cached first, as vLLM's allocate_slots caches them when
         # it schedules them), or the KV a prefill replica computed and sent (disaggregation)
-        cached, hits, unreferenced = kv.found(req, total, batch.ids, batch.num_new, reqs.computed, batch.cached)
+        cached, hits, unreferenced = kv.found(req, total, batch.ids, batch.verified, reqs.computed, batch.cached)
         batch.cached = len(batch.ids)
         need = int(reqs.remaining(req)) - cached
+        verified = need
+        if spec is not None:
+            need = pad_drafts(state, batch, int(reqs.computed[req]) + cached, need, cached)
+            if need < 0:  # no room for the padded request: nobody else is admitted
+                break
         chunk = need if chunk_cap is None else min(need, batch.budget, chunk_cap)
         if chunk > batch.budget:
             break
         tokens = reserved_tokens(state, req, int(reqs.computed[req]) + cached + chunk, reservation)
+        if spec is not None:
+            tokens = min(tokens + spec.lookahead, state.max_model_len)
         check = max(tokens, total) if full_prompt else tokens
         # the watermark keeps room for running requests to grow; with nothing running there is nobody to protect
         if not kv.fits(req, check, hits, unreferenced, admission=bool(state.running)):
@@ -254,6 +304,23 @@ def admit_waiting(
         if cached:
             state.cached(req, cached)
         kv.allocate(req, tokens)
-        batch.add(req, chunk)
+        batch.add(req, chunk, min(chunk, verified))
         admitted += 1
     return admitted
+
+
+def pad_drafts(state: SchedulerState, batch: BatchBuilder, computed: int, need: int, cached: int) -> int:
+    """The tokens a request being admitted is scheduled before its cap and the budget cut them: ``need``, or, when
+    it needs one (a one-token prompt, or all but one token found cached), ``1 + k`` with ``k`` placeholder drafts,
+    as vLLM pads new decodes to a uniform spec-decode size (``Scheduler.schedule``, ``pad_spec_decode``): only with
+    a fixed draft count, when no request the running pass scheduled continued a prefill and one was scheduled or
+    something was cached, and when ``1 + k`` more tokens and the sample fit ``max_model_len``. -1: the padded request
+    does not fit the budget, and vLLM stops admitting."""
+    spec = state.spec
+    assert spec is not None
+    padded = 1 + spec.num_speculative_tokens
+    if not (spec.pad and need == 1 and not batch.running_prefill and (batch.running > 0 or cached > 0)):
+        return need
+    if computed + padded + 1 > state.max_model_len:
+        return need
+    return padded if padded <= batch.budget else -1

@@ -28,6 +28,7 @@ from policies.base import (
     RESERVATIONS,
     BatchBuilder,
     admit_waiting,
+    draft_slots,
     register,
     schedule_decodes,
     schedule_partial_prefills,
@@ -95,7 +96,7 @@ class ChunkedPrefill:
         )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
-        batch = BatchBuilder(self.max_num_batched_tokens)
+        batch = BatchBuilder(self.max_num_batched_tokens, draft_slots(state))
         requests = len(state.running) + len(state.waiting)
         cap = compiled.lone_aware_prefill_cap(
             self.threshold, self.adaptive, self.cap_lone_prefill, self.max_num_batched_tokens, requests
@@ -105,6 +106,8 @@ class ChunkedPrefill:
         else:
             schedule_decodes(state, batch)
             schedule_partial_prefills(state, batch, cap)
+        if state.spec is not None:
+            batch.end_running_pass(state)
         if not batch.preempted:  # as vLLM: no new admissions in a step that had to preempt
             admit_waiting(state, batch, self.max_num_seqs, cap, self.reservation, self.full_prompt)
         return batch.build() or Wait()

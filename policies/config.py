@@ -1,6 +1,6 @@
 """Scheduler settings users write (command-line flags or YAML), with vLLM's names where vLLM has the knob.
 
-Fields left unset here take fixed fallbacks (``token_budget``, ``seq_limit``); a run (``experiments.simulation``)
+Fields left unset here take fixed fallbacks (``token_budget``, ``seq_limit``); a run (``experiments.runner.simulation``)
 first fills them with what a default ``vllm serve`` picks on its device (``policies.vllm_defaults``).
 """
 
@@ -53,7 +53,11 @@ class SchedulerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: str = Field("continuous", description="policy name (see `policies.names()`) or 'module:Class'")
+    policy: str = Field(
+        "chunked",
+        description="policy name (see `policies.names()`) or 'module:Class'; chunked: what `vllm serve` runs (V1, "
+        "chunked prefill)",
+    )
     max_model_len: StrictInt = Field(4096, ge=1, description="max prompt + output tokens of one request (tokens)")
     max_num_seqs: StrictInt | None = Field(
         None,

@@ -16,7 +16,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from policies import compiled
-from policies.base import RESERVATIONS, BatchBuilder, admit_waiting, register, schedule_decodes
+from policies.base import (
+    RESERVATIONS,
+    BatchBuilder,
+    admit_waiting,
+    draft_slots,
+    register,
+    schedule_decodes,
+    schedule_running,
+)
 from policies.config import SchedulerConfig
 from sim.state import Batch, SchedulerState, Wait
 
@@ -56,8 +64,15 @@ class ContinuousBatching:
         )
 
     def schedule(self, state: SchedulerState) -> Batch | Wait:
-        batch = BatchBuilder(self.max_num_batched_tokens)
-        if self.mix_prefill_decode:
+        batch = BatchBuilder(self.max_num_batched_tokens, draft_slots(state))
+        if self.mix_prefill_decode and state.spec is not None:
+            # vLLM V1 without chunked prefill: its pass over the running requests (all decoding: prompts are admitted
+            # whole), each with its drafts, cut by the budget
+            schedule_running(state, batch, self.max_num_batched_tokens)
+            batch.end_running_pass(state)
+            if not batch.preempted:
+                admit_waiting(state, batch, self.max_num_seqs, None, self.reservation)
+        elif self.mix_prefill_decode:
             schedule_decodes(state, batch)
             if not batch.preempted:  # as vLLM: no new admissions in a step that had to preempt
                 admit_waiting(state, batch, self.max_num_seqs, None, self.reservation)

@@ -11,16 +11,20 @@ power-of-two choices is Mitzenmacher's): round_robin, random, least_requests, le
 and prefix_affinity (where the prompt is cached, tempered by load).
 Ties go to the lowest index. A user's router is ``package.module:Class`` with ``__init__(num_replicas, rng)`` and
 ``route(load, prompt, output)``.
+
+The choices of the routers that read loads are kernels (``sim.kernels.routing``), which each class calls and which the
+compiled cluster's loop calls without the class (``compiled``), so that both engines route alike.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from policies.by_name import load_class
 from sim.cluster import LOADS, ReplicaLoad
+from sim.kernels import routing as kernels
 
 
 @runtime_checkable
@@ -34,6 +38,7 @@ class Router(Protocol):
 
 
 _ROUTERS: dict[str, type] = {}
+NO_DRAWS = np.zeros((0, 2), dtype=np.int64)
 
 
 def register(cls: type) -> type:
@@ -48,22 +53,8 @@ def router_names() -> list[str]:
 def router_class(name: str) -> Any:
     """The router class ``name`` names: a registered name, or ``package.module:Class`` (imported: its module's
     top-level code runs). ValueError naming it when it cannot be loaded or has no ``route``."""
-    if name in _ROUTERS:
-        return _ROUTERS[name]
-    if ":" not in name:
-        raise ValueError(f"unknown router {name!r}; choose one of {', '.join(router_names())} or give module:Class")
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"router {name!r}: expected package.module:Class")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"router {name!r} could not be loaded: {exc}") from None
-    if not isinstance(cls, type) or not callable(getattr(cls, "route", None)):
-        what = type(cls).__name__ if not isinstance(cls, type) else "class without route"
-        raise ValueError(f"router {name!r} is a {what}, not a router: give a class with __init__(num_replicas, rng) "
-                         "and route(load, prompt, output)")  # fmt: skip
-    return cls
+    return load_class(name, "router", _ROUTERS, ("route",),
+                      "__init__(num_replicas, rng) and route(load, prompt, output)")  # fmt: skip
 
 
 def get_router(name: str, num_replicas: int, rng: np.random.Generator) -> Router:
@@ -128,7 +119,11 @@ class LeastRequests(_Base):
     reads = ("unfinished",)
 
     def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
-        return int(np.argmin(load.unfinished))
+        return int(kernels.least(load.unfinished))
+
+    def compiled(self, num_requests: int) -> tuple[int, np.ndarray]:
+        """(kernel code, draws) for the compiled cluster's loop (``sim.kernels.routing.pick``)."""
+        return kernels.LEAST_REQUESTS, NO_DRAWS
 
 
 @register
@@ -139,7 +134,10 @@ class LeastTokens(_Base):
     reads = ("work_left",)
 
     def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
-        return int(np.argmin(load.work_left))
+        return int(kernels.least(load.work_left))
+
+    def compiled(self, num_requests: int) -> tuple[int, np.ndarray]:
+        return kernels.LEAST_TOKENS, NO_DRAWS
 
 
 @register
@@ -150,7 +148,10 @@ class LeastKV(_Base):
     reads = ("kv_used",)
 
     def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
-        return int(np.argmin(load.kv_used / np.maximum(load.kv_blocks, 1)))
+        return int(kernels.least_share(load.kv_used, load.kv_blocks))
+
+    def compiled(self, num_requests: int) -> tuple[int, np.ndarray]:
+        return kernels.LEAST_KV, NO_DRAWS
 
 
 @register
@@ -163,8 +164,19 @@ class PowerOfTwo(_Base):
     def route(self, load: ReplicaLoad, prompt: int, output: int) -> int:
         if self.n == 1:
             return 0
+        a, b = self._draw()
+        return int(kernels.two_choices(load.unfinished, a, b))
+
+    def _draw(self) -> tuple[int, int]:
         a, b = (int(x) for x in self.rng.choice(self.n, size=2, replace=False))
-        return b if load.unfinished[b] < load.unfinished[a] else a
+        return a, b
+
+    def compiled(self, num_requests: int) -> tuple[int, np.ndarray]:
+        """The draws of ``num_requests`` routings made now, in order (none for one replica, which draws nothing)."""
+        draws = np.zeros((num_requests if self.n > 1 else 0, 2), dtype=np.int64)
+        for i in range(len(draws)):
+            draws[i] = self._draw()
+        return kernels.POWER_OF_TWO, draws
 
 
 @register

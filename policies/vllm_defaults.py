@@ -59,6 +59,9 @@ class EngineDefaults:
     scheduler_reserve_full_isl: bool  # admission needs room for the whole prompt (chunked prefill)
     watermark: float  # share of KV blocks admission keeps free while something runs
     cap_lone_prefill: bool  # long_prefill_token_threshold cuts a request's chunk even when it is alone (< 0.31.0)
+    # automatic prefix caching: on in V1 (``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``,
+    # ``vllm/engine/arg_utils.py``: on where the model supports it, every decoder-only model ferry models), off in V0
+    enable_prefix_caching: bool = False
     applied: tuple[str, ...] = ()  # the run-config fields these defaults filled (the others were given)
 
 
@@ -154,4 +157,5 @@ def engine_defaults(
         scheduler_reserve_full_isl=v >= (0, 19, 0),
         watermark=watermark,
         cap_lone_prefill=v < LONE_PREFILL_UNCAPPED,
+        enable_prefix_caching=not v0,
     )

@@ -5,7 +5,9 @@ and runs the single replica's loop (``sim.engine.decide``, or its compiled twin)
 at time t, every replica first runs its events before t (an iteration ending at t or later stays in flight, so the
 router sees each replica as it is at t), then the router picks a replica from their loads, and the request joins
 that replica's inbox, waking it at t if it sleeps. Replicas that have nothing before t are not touched, so a cluster
-costs about one segment per iteration plus one routing decision per request.
+costs about one segment per iteration plus one routing decision per request. On the compiled engine, replicas of one
+policy kernel and timer behind a built-in router that reads loads are routed by the same loop in compiled code
+(``sim.compiled.cluster``), a span of arrivals per call.
 
 Both engines drive replicas through the same interface (``advance``, ``next_event``, ``route``, ``close``,
 ``load``), and the router is the same object, so the reference replicas (policy objects, ``SchedulerState``) and the
@@ -23,14 +25,15 @@ import numpy as np
 import numpy.typing as npt
 import simpy
 
-from sim.compiled.engine import DONE, IDLE, PAUSED, SEGMENT_ITERATIONS, CompiledReplica
+from sim.cluster_replicas import CompiledReplicaRunner, ReferenceReplica, ReplicaSetup
+from sim.compiled.cluster import CompiledCluster
+from sim.compiled.engine import DONE, SEGMENT_ITERATIONS
 from sim.compiled.state import pack, unpack
-from sim.engine import IterationTimer, Scheduler, decide, default_stream
-from sim.kvcache import KVCacheManager
+from sim.engine import choose_engine, default_stream
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import COUNT, EXACT_GAPS_LIMIT, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
-from sim.state import Batch, SchedulerState, max_gaps
+from sim.state import max_gaps
 
 IntArray = npt.NDArray[np.int64]
 LOADS = ("unfinished", "work_left", "kv_used", "cached")
@@ -63,123 +66,6 @@ class Router(Protocol):
 
 
 @dataclass
-class ReplicaSetup:
-    """One replica of a cluster: its policy, its iteration timer (cost model), its KV cache, its max_model_len."""
-
-    policy: Scheduler
-    timer: IterationTimer
-    kv: KVCacheManager
-    max_model_len: int
-
-
-class ReferenceReplica:
-    """A replica on the reference engine: the policy object over a ``SchedulerState`` that receives the requests
-    routed to it; the same steps as the compiled loop (``sim.compiled.engine.run_segment``)."""
-
-    def __init__(self, requests: RequestTable, setup: ReplicaSetup, exact: bool, record_batches: bool) -> None:
-        self.setup = setup
-        self.state = SchedulerState(requests, setup.kv, setup.max_model_len, exact, record_batches, routed=True)
-        self.now = 0.0
-        self.flight: tuple[Batch, Any, float, float] | None = None  # the iteration decided and not accounted for
-        self.wake: float | None = None  # asleep until then (inf: until routed to)
-
-    def advance(self, stop_at: float) -> int:
-        state = self.state
-        while True:
-            if self.flight is not None:
-                batch, shape, start, end = self.flight
-                if end >= stop_at:
-                    return PAUSED
-                state.complete(batch, shape, start, end)
-                self.flight = None
-                self.now = end
-                continue
-            if self.wake is not None:
-                if self.wake == math.inf and not state.more:
-                    self.wake = None  # its router has closed: nothing will wake it; decide once more, now
-                elif self.wake >= stop_at:
-                    return IDLE if self.wake == math.inf else PAUSED
-                else:
-                    self.now = self.now + (self.wake - self.now)
-                    self.wake = None
-            action = decide(state, self.setup.policy, self.now)
-            if action is None:
-                if state.more:
-                    self.wake = math.inf
-                    return IDLE
-                return DONE
-            if isinstance(action, Batch):
-                shape = state.shape_of(action)
-                duration = self.setup.timer.iteration_time(shape)
-                if not duration > 0:
-                    raise RuntimeError(f"the cost model gave a non-positive iteration time {duration!r} for {shape}")
-                self.flight = (action, shape, self.now, self.now + duration)
-            else:
-                self.wake = action
-
-    def next_event(self) -> float:
-        if self.flight is not None:
-            return self.flight[3]
-        return self.wake if self.wake is not None else self.now
-
-    def route(self, req: int) -> None:
-        self.state.route(req)
-        if self.wake is not None:
-            self.wake = min(self.wake, float(self.state.reqs.arrival[req]))
-
-    def route_many(self, reqs: IntArray) -> None:
-        """``route`` each of ``reqs`` (in arrival order), before the replica has run."""
-        for req in reqs.tolist():
-            self.route(req)
-
-    def close(self) -> None:
-        self.state.more = False
-
-    def load(self, reads: tuple[str, ...]) -> tuple[int, int, int]:
-        work = self.state.work_left() if "work_left" in reads else 0
-        return self.state.unfinished, work, self.state.kv.used
-
-    def run_records(self, requests: RequestTable) -> RunRecords:
-        kv = self.setup.kv
-        if isinstance(kv, PrefixCachingKV):
-            self.state.records.prefix_cache = kv.counters()
-        return self.state.records
-
-
-class CompiledReplicaRunner:
-    """A replica on the compiled engine: ``CompiledReplica``'s arrays with its policy kernel and timer."""
-
-    def __init__(self, ri: np.ndarray, rf: np.ndarray, setup: ReplicaSetup, exact: bool, record_batches: bool,
-                 capacity: int) -> None:  # fmt: skip
-        self.setup = setup
-        self.kernel = setup.policy.compiled()  # type: ignore[attr-defined]
-        self.timing = setup.timer.compiled()  # type: ignore[attr-defined]
-        self.replica = CompiledReplica(ri, rf, setup.kv, setup.max_model_len, ItlLog(0, exact), record_batches,
-                                       routed=True, capacity=capacity)  # fmt: skip
-
-    def advance(self, stop_at: float) -> int:
-        return self.replica.advance(self.kernel, self.timing, stop_at)
-
-    def next_event(self) -> float:
-        return self.replica.next_event()
-
-    def route(self, req: int) -> None:
-        self.replica.route(req)
-
-    def route_many(self, reqs: IntArray) -> None:
-        self.replica.route_many(reqs)
-
-    def close(self) -> None:
-        self.replica.close()
-
-    def load(self, reads: tuple[str, ...]) -> tuple[int, int, int]:
-        return self.replica.load(reads)
-
-    def run_records(self, requests: RequestTable) -> RunRecords:
-        return self.replica.run_records(requests)
-
-
-@dataclass
 class ClusterRecords:
     """What a cluster run recorded: the requests (all of them), which replica served each, and each replica's
     records (iterations, token gaps, batches) over the same request table."""
@@ -190,6 +76,7 @@ class ClusterRecords:
     engine: str
     stream: bool = True
     seats: list[int] = field(default_factory=list)  # seats each replica's policy offers
+    engine_choice: str = ""  # why that engine ran (``sim.engine.choose_engine``)
     request_ids: npt.NDArray[np.object_] | None = None
 
     def replica_records(self, k: int) -> RunRecords:
@@ -205,9 +92,11 @@ class ClusterRecords:
             kv_num_blocks=own.kv_num_blocks,
             kv_block_size=own.kv_block_size,
             engine=self.engine,
+            engine_choice=self.engine_choice,
             stream=self.stream,
             seats=self.seats[k] if self.seats else 0,
             batches=own.batches,
+            speculation=own.speculation,
         )
 
     def merged(self) -> RunRecords:
@@ -222,14 +111,33 @@ class ClusterRecords:
             kv_num_blocks=sum(r.kv_num_blocks for r in self.replicas),
             kv_block_size=self.replicas[0].kv_block_size,
             engine=self.engine,
+            engine_choice=self.engine_choice,
             stream=self.stream,
             seats=sum(self.seats),
             prefix_cache=_summed([r.prefix_cache for r in self.replicas]),
+            speculation=_summed_counts([r.speculation for r in self.replicas]),
         )
 
     def iteration_replica(self) -> IntArray:
         """The replica of each row of ``merged().iterations``."""
         return np.repeat(np.arange(len(self.replicas)), [len(r.iterations) for r in self.replicas])
+
+
+def inbox_capacity(requests: int, replicas: int) -> int:
+    """Requests a compiled replica has room for before its queues grow (twice its even share)."""
+    return max(64, 2 * requests // replicas)
+
+
+def compiled_cluster_of(replicas: list[Any], router: Router, reads: tuple[str, ...], blocks: IntArray,
+                        n: int) -> CompiledCluster | None:  # fmt: skip
+    """The arrivals routed in compiled code, where the replicas run one policy kernel and one timer and the router
+    has a kernel (``compiled``) and reads no prefix cache; None where the loop in Python must route them."""
+    compiled = getattr(router, "compiled", None)
+    kernels = {(r.kernel[0], r.timing[0]) for r in replicas}
+    if compiled is None or "cached" in reads or len(kernels) != 1:
+        return None
+    return CompiledCluster([r.replica for r in replicas], [r.kernel for r in replicas], [r.timing for r in replicas],
+                           compiled(n), "work_left" in reads, blocks)  # fmt: skip
 
 
 def _cached(setups: list[ReplicaSetup], req: int, prompt: int) -> IntArray:
@@ -245,6 +153,17 @@ def _summed(counters: list[dict[str, int] | None]) -> dict[str, int] | None:
     """The replicas' prefix-cache counters added up (None without prefix caching)."""
     kept = [c for c in counters if c is not None]
     return {k: sum(c[k] for c in kept) for k in kept[0]} if kept else None
+
+
+def _summed_counts(counters: list[npt.NDArray[np.int64] | None]) -> npt.NDArray[np.int64] | None:
+    """The replicas' speculative-decoding counters added up, position by position (None without it)."""
+    kept = [c for c in counters if c is not None]
+    if not kept:
+        return None
+    out = np.zeros(max(len(c) for c in kept), dtype=np.int64)
+    for c in kept:
+        out[: len(c)] += c
+    return out
 
 
 def merge_itl(logs: list[ItlLog]) -> ItlLog:
@@ -278,8 +197,9 @@ def simulate_cluster(
     """Replay ``requests`` (arrival order) through a cluster of ``setups`` behind ``router``.
 
     ``engine``: ``compiled`` needs every replica's policy and timer to offer a compiled twin; ``auto`` takes it when
-    they all do; ``reference`` runs the policy objects. ``exact_itl``: keep every token gap (default: unless the
-    run could make more than ``EXACT_GAPS_LIMIT``). ``stream``: None takes the first replica's policy's default.
+    they all do and the job repays loading it (``sim.engine.choose_engine``); ``reference`` runs the policy objects.
+    ``exact_itl``: keep every token gap (default: unless the run could make more than ``EXACT_GAPS_LIMIT``).
+    ``stream``: None takes the first replica's policy's default.
     ``on_progress(now, routed)`` is called now and then with the clock and the requests routed so far."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
@@ -293,13 +213,14 @@ def simulate_cluster(
     )
     if engine == "compiled" and not compiled_ok:
         raise ValueError("the compiled engine needs built-in policies and the roofline cost model on every replica")
-    use_compiled = engine != "reference" and compiled_ok
+    chosen, why = choose_engine(engine, compiled_ok, requests)
+    use_compiled = chosen == "compiled"
     exact = exact_itl if exact_itl is not None else max_gaps(requests) <= EXACT_GAPS_LIMIT
     n = len(requests)
     replicas: list[Any]
     if use_compiled:
         ri, rf = pack(requests)
-        capacity = max(64, 2 * n // len(setups))
+        capacity = inbox_capacity(n, len(setups))
         replicas = [CompiledReplicaRunner(ri, rf, s, exact, record_batches, capacity) for s in setups]
     else:
         replicas = [ReferenceReplica(requests, s, exact, record_batches) for s in setups]
@@ -330,6 +251,24 @@ def simulate_cluster(
         for j, rep in enumerate(replicas):
             rep.route_many(np.flatnonzero(replica_of == j))
             rep.close()
+            while rep.advance(math.inf) != DONE:
+                pass
+
+    def compiled_cluster() -> Generator[simpy.Event, Any, None]:
+        """The loop below, each span of arrivals routed in compiled code (``sim.compiled.cluster``)."""
+        assert fast is not None
+        arrival = requests.arrival
+        for start in range(0, n, SEGMENT_ITERATIONS):
+            stop = min(start + SEGMENT_ITERATIONS, n)
+            fast.route(start, stop, replica_of)
+            a = float(arrival[stop - 1])
+            if a > env.now:
+                yield env.timeout(a - env.now)
+            if on_progress is not None:
+                on_progress(float(arrival[start]), start)
+        for rep in replicas:
+            rep.close()
+        for rep in replicas:
             while rep.advance(math.inf) != DONE:
                 pass
 
@@ -369,7 +308,11 @@ def simulate_cluster(
             while rep.advance(math.inf) != DONE:
                 pass
 
-    if reads:
+    fast = compiled_cluster_of(replicas, router, reads, blocks, n) if use_compiled and reads else None
+    if fast is not None:
+        env.process(compiled_cluster())
+        env.run()
+    elif reads:
         env.process(cluster())
         env.run()
     else:
@@ -382,6 +325,7 @@ def simulate_cluster(
         replica_of=replica_of,
         replicas=records,
         engine="compiled" if use_compiled else "reference",
+        engine_choice=why,
         stream=default_stream(setups[0].policy) if stream is None else bool(stream),
         seats=[int(getattr(s.policy, "seats", 0) or 0) for s in setups],
     )

@@ -38,14 +38,16 @@ def summarize_cluster(
     goodput: Mapping[str, float] | None = None,
     gpus_per_replica: list[int] | None = None,
     detail: bool = True,
+    token_gaps: bool = True,
 ) -> dict[str, Any]:
     """The cluster's summary (``sim.metrics.summarize``'s keys, ``gpu_*`` and seat and KV keys over all replicas'
     GPU time) plus ``replicas``: one entry per replica (its requests, utilisation over the cluster's duration, p99s,
     peak KV ...) and ``num_replicas``. ``gpus_per_replica`` (default 1 each) weighs GPU time by the GPUs a replica
     spans (tensor parallelism). ``detail=False`` leaves out ``replicas`` and the seat, batch and KV keys that need
-    each replica's own summary (a capacity search runs many clusters and reads the request-level keys)."""
+    each replica's own summary (a capacity search runs many clusters and reads the request-level keys); ``token_gaps``
+    as ``summarize``'s."""
     merged = cluster.merged()
-    out: dict[str, Any] = dict(summarize(merged, goodput))
+    out: dict[str, Any] = dict(summarize(merged, goodput, token_gaps))
     if not detail:
         busy_s = float((merged.iterations.column("end") - merged.iterations.column("start")).sum())
         replica_time = len(cluster.replicas) * float(out["duration"])

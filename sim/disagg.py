@@ -17,7 +17,7 @@ So TTFT = prefill queue + prefill + transfer + decode queue + one decode-side it
 one after the other: the prefill pool does not depend on the decode pool (its replica frees a request's blocks when
 its prefill ends; vLLM keeps them until the decode side has read them, so ferry's prefill pool holds a little less
 KV than a real one). vLLM's decode side allocates the blocks first and pulls the KV into them; here the KV is sent
-first and admitted after, which differs only when the decode pool is short of memory (README, semantics).
+first and admitted after, which differs only when the decode pool is short of memory (docs/concepts/semantics.md).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class DisaggRecords:
     engine: str
     stream: bool = True
     request_ids: npt.NDArray[np.object_] | None = None
+    engine_choice: str = ""  # why that engine ran (``sim.engine.choose_engine``)
 
     @property
     def num_replicas(self) -> int:
@@ -95,6 +96,7 @@ class DisaggRecords:
             kv_num_blocks=sum(r.kv_num_blocks for r in self.prefill.replicas + self.decode.replicas),
             kv_block_size=self.decode.replicas[0].kv_block_size,
             engine=self.engine,
+            engine_choice=self.engine_choice,
             stream=self.stream,
             seats=sum(self.prefill.seats) + sum(self.decode.seats),
         )
@@ -153,6 +155,7 @@ def simulate_disaggregated(
         transfer_bytes=nbytes,
         link=link,
         engine=dec.engine,
+        engine_choice=dec.engine_choice,
         stream=dec.stream,
     )
 

@@ -23,6 +23,7 @@ from sim.kvcache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
 from sim.request import Reason, RequestTable, Status
+from sim.speculation import Speculation
 from sim.state import Batch, SchedulerState, Wait
 
 
@@ -126,17 +127,21 @@ def simulate(
     on_progress: Callable[[float, int], None] | None = None,
     stream: bool | None = None,
     record_batches: bool = False,
+    spec: Speculation | None = None,
 ) -> RunRecords:
     """Replay ``requests`` (arrival order) through ``policy`` on one replica; returns the run's records.
 
     ``engine``: ``reference`` runs the policy object on this module's SimPy loop; ``compiled`` runs its numba twin
     (``policy.compiled()``) on ``sim.compiled.engine``'s loop with the cost model's compiled timer
-    (``timer.compiled()``), to the same records; ``auto`` takes the compiled engine when both offer it. ``exact_itl``
+    (``timer.compiled()``), to the same records; ``auto`` takes the compiled engine when both offer it and the job is
+    large enough to repay loading it (``choose_engine``). ``exact_itl``
     keeps every token gap (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``).
     ``on_progress(now, unfinished)`` is called now and then with the simulated clock and the requests not yet ended.
     ``stream``: whether clients receive tokens as they are made (None: the policy's default, ``default_stream``).
     ``record_batches`` keeps who took part in each iteration (``records.batches``; one row per request and
-    iteration). The request table is the run's state and ends up in its records: give each run a new one."""
+    iteration). ``spec``: speculative decoding (``sim.speculation``), which the built-in chunked policy and continuous
+    batching with mixed prefills schedule. The request table is the run's state and ends up in its records: give each
+    run a new one."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if (requests.status != Status.PENDING).any() or requests.computed.any():
@@ -145,15 +150,41 @@ def simulate(
     timing = getattr(timer, "compiled", None)
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
-    if engine != "reference" and kernel is not None and timing is not None:
+    chosen, why = choose_engine(engine, kernel is not None and timing is not None, requests)
+    if chosen == "compiled":
+        assert kernel is not None and timing is not None
         records = simulate_compiled(
-            requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress, record_batches
+            requests, kernel(), timing(), kv, max_model_len, exact_itl, on_progress, record_batches, spec
         )
-        return describe_run(records, policy, stream)
-    state = SchedulerState(requests, kv, max_model_len, exact_itl, record_batches)
-    env = simpy.Environment()
-    env.process(replica(env, state, policy, timer, on_progress))
-    env.run()
-    if isinstance(kv, PrefixCachingKV):
-        state.records.prefix_cache = kv.counters()
-    return describe_run(state.records, policy, stream)
+    else:
+        state = SchedulerState(requests, kv, max_model_len, exact_itl, record_batches, spec=spec)
+        env = simpy.Environment()
+        env.process(replica(env, state, policy, timer, on_progress))
+        env.run()
+        if isinstance(kv, PrefixCachingKV):
+            state.records.prefix_cache = kv.counters()
+        records = state.records
+    records.engine_choice = why
+    return describe_run(records, policy, stream)
+
+
+# Below this many output tokens, ``auto`` runs the reference engine: its Python loop costs ~10 us a token more than
+# the compiled one, while the compiled loop costs ~0.1 s to load from numba's disk cache, and ~25 s to compile the first
+# time after install (the reference engine compiles only the KV cache's and the cost model's kernels). Both give the
+# same records; the choice changes only how long the user waits.
+AUTO_COMPILED_MIN_TOKENS = 10_000
+
+
+def choose_engine(engine: str, compiled_ok: bool, requests: RequestTable) -> tuple[str, str]:
+    """(the engine to run, why: what the summary's header says) for ``engine`` (auto, compiled or reference) when
+    the policy and cost model offer a compiled twin (``compiled_ok``) and the job is ``requests``."""
+    if engine == "reference":
+        return "reference", "asked"
+    if engine == "compiled":
+        return "compiled", "asked"
+    if not compiled_ok:
+        return "reference", "auto: this policy or cost model has no compiled twin"
+    tokens = int(requests.output_wanted.sum())
+    if tokens < AUTO_COMPILED_MIN_TOKENS:
+        return "reference", f"auto: {tokens:,} output tokens, under {AUTO_COMPILED_MIN_TOKENS:,}"
+    return "compiled", f"auto: {tokens:,} output tokens"

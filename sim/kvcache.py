@@ -4,7 +4,7 @@ The cache holds ``num_blocks`` blocks of ``block_size`` tokens each (vLLM's page
 ``ceil(tokens / block_size)`` blocks for the tokens whose KV it keeps. Policies ask ``allocate`` for room for a number
 of tokens and get ``True`` (granted) or ``False`` (no room, nothing changed); they never count blocks themselves.
 
-The state is ``sim.compiled.kvstate``'s arrays (``arrays``) and every operation is a kernel of ``sim.compiled.kv``:
+The state is ``sim.kernels.kvstate``'s arrays (``arrays``) and every operation is a kernel of ``sim.kernels.kv``:
 the compiled engine calls those kernels on the same arrays, so both engines run one implementation. The classes
 here are what Python callers (the reference engine's policies, the real executor) hold.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from sim.compiled import kv as kernels
-from sim.compiled.kvstate import BLOCK_SIZE, CACHING, HELD, KV, NUM_BLOCKS, PRESENT, USED, WATERMARK, grow_rows, make_kv
+from sim.kernels import kv as kernels
+from sim.kernels.kvstate import BLOCK_SIZE, CACHING, HELD, KV, NUM_BLOCKS, PRESENT, USED, WATERMARK, grow_rows, make_kv
 
 IntArray = npt.NDArray[np.int64]
 NOTHING = np.zeros(0, dtype=np.int64)  # no step being built (``found``)
@@ -116,7 +116,7 @@ class KVCacheManager:
         self, req: int, num_tokens: int, ids: list[int], news: list[int], computed: IntArray, start: int = 0
     ) -> tuple[int, int, int]:
         """Tokens of ``req`` (``num_tokens`` in all) whose KV is present at admission, the cached blocks behind them,
-        and how many of those nobody references (``sim.compiled.kv.found``); ``ids`` and ``news`` are the step being
+        and how many of those nobody references (``sim.kernels.kv.found``); ``ids`` and ``news`` are the step being
         built so far (from ``start`` on not yet cached), ``computed`` the requests' computed tokens."""
         if self.caching and len(ids) > start:
             step_ids, step_news = _ints(ids), _ints(news)

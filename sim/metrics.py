@@ -28,108 +28,21 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from sim.records import RunRecords
 from sim.request import Reason, Status
+from sim.tables import (  # noqa: F401  (the run's tables, once here: their names stay importable from this module)
+    REASON_LABELS,
+    batch_columns,
+    batch_frame,
+    client_times,
+    latencies,
+    request_columns,
+    request_frame,
+)
 
 FloatArray = npt.NDArray[np.float64]
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
-
-
-_STATUS_NAMES = np.array([s.name.lower() for s in Status], dtype=object)
-_REASON_LABELS = np.array(["" if x == Reason.NONE else x.label for x in Reason], dtype=object)
-
-
-def client_times(records: RunRecords) -> tuple[FloatArray, FloatArray]:
-    """When each request's client received its first token and its whole response (s), from how it is delivered
-    (``records.stream``): as made, or whole when the request gives back its seat."""
-    r = records.requests
-    if records.stream:
-        return r.first_token, r.finish
-    return r.released, r.released
-
-
-def batch_frame(records: RunRecords, request_ids: npt.NDArray[np.object_] | None = None) -> pd.DataFrame:
-    """Who took part in each iteration (the content of ``batches.csv``), one row per request and iteration in the
-    order the policy scheduled them: ``iteration`` (the row of ``iterations.csv``), ``request_id``, ``phase``
-    (``prefill``: a whole prompt, or a recompute from nothing, in one go; ``prefill_chunk``: part of one;
-    ``decode``: a one-token step), ``tokens`` computed and ``context_tokens`` cached before. Raises ValueError when
-    the run did not keep them (``record_batches``). ``request_ids``: the ids to show (default the records')."""
-    if records.batches is None:
-        raise ValueError("this run did not record its batches; run it with record_batches (--record-batches)")
-    b = records.batches.to_frame()
-    r = records.requests
-    ids = request_ids if request_ids is not None else records.request_ids
-    ids = ids if ids is not None else np.arange(r.n).astype(str)
-    whole = (b.context.to_numpy() == 0) & (b.tokens.to_numpy() >= r.prompt[b.request.to_numpy()])
-    phase = np.where(b.prefill.to_numpy() == 0, "decode", np.where(whole, "prefill", "prefill_chunk"))
-    return pd.DataFrame(
-        {
-            "iteration": b.iteration,
-            "request_id": np.asarray(ids, dtype=object)[b.request.to_numpy()],
-            "phase": phase,
-            "tokens": b.tokens,
-            "context_tokens": b.context,
-        }
-    )
-
-
-def latencies(records: RunRecords) -> dict[str, FloatArray]:
-    """Each request's latencies (s), the columns of ``request_frame`` the summary reads: ``response_s`` and
-    ``first_received_s`` (when the client received its response and its first token), ``queueing_s``, ``ttft_s``,
-    ``tpot_s``, ``e2el_s`` (the client's) and ``server_ttft_s``, ``server_tpot_s``."""
-    r = records.requests
-    made = r.generated
-    received, response = client_times(records)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(made > 1, ((response - r.arrival) - (received - r.arrival)) / (made - 1), np.nan)
-        server_tpot = np.where(made > 1, (r.finish - r.first_token) / (made - 1), np.nan)
-    return {
-        "response_s": response,
-        "first_received_s": received,
-        "queueing_s": r.first_scheduled - r.arrival,
-        "ttft_s": received - r.arrival,
-        "tpot_s": tpot,
-        "e2el_s": response - r.arrival,
-        "server_ttft_s": r.first_token - r.arrival,
-        "server_tpot_s": server_tpot,
-    }
-
-
-def request_frame(records: RunRecords) -> pd.DataFrame:
-    """One row per request (the content of ``requests.csv``); times in seconds. ``first_token_s`` and ``finish_s``
-    are when the server made the first and last token, ``first_received_s`` and ``response_s`` when the client
-    received them; ``ttft_s``, ``tpot_s`` and ``e2el_s`` are the client's, ``server_*`` the server's."""
-    r = records.requests
-    ids = records.request_ids if records.request_ids is not None else np.arange(r.n).astype(str)
-    lat = latencies(records)
-    return pd.DataFrame(
-        {
-            "request_id": ids,
-            "arrival_s": r.arrival,
-            "first_scheduled_s": r.first_scheduled,
-            "first_token_s": r.first_token,
-            "finish_s": r.finish,
-            "response_s": lat["response_s"],
-            "prompt_tokens": r.prompt,
-            "output_tokens": r.generated,
-            "output_tokens_wanted": r.output_wanted,
-            "queueing_s": lat["queueing_s"],
-            "ttft_s": lat["ttft_s"],
-            "tpot_s": lat["tpot_s"],
-            "e2el_s": lat["e2el_s"],
-            "preemptions": r.preemptions,
-            "recomputed_tokens": r.recomputed,
-            "cached_tokens": r.cached,
-            "status": _STATUS_NAMES[r.status],
-            "reason": _REASON_LABELS[r.reason],
-            "first_received_s": lat["first_received_s"],
-            "released_s": r.released,
-            "server_ttft_s": lat["server_ttft_s"],
-            "server_tpot_s": lat["server_tpot_s"],
-        }
-    )
 
 
 def _stats(prefix: str, values_s: FloatArray) -> dict[str, float | None]:
@@ -287,8 +200,12 @@ def overload_notice(info: Mapping[str, float]) -> str:
     )
 
 
-def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -> dict[str, object]:
-    """The run's summary: vLLM ``bench serve`` keys, then what batching is about (idle, seats, batch size, KV)."""
+def summarize(
+    records: RunRecords, goodput: Mapping[str, float] | None = None, token_gaps: bool = True
+) -> dict[str, object]:
+    """The run's summary: vLLM ``bench serve`` keys, then what batching is about (idle, seats, batch size, KV).
+    ``token_gaps=False``: the token gaps' statistics (``*_itl_ms``) are None, not computed (a search that never reads
+    them spares sorting every gap of every run)."""
     r = records.requests
     it = records.iterations
     lat = latencies(records)
@@ -306,7 +223,8 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     ttft = lat["ttft_s"][done]
     tpot = lat["tpot_s"][done]
     e2el = lat["e2el_s"][done]
-    reasons = pd.Series(_REASON_LABELS[r.reason[r.status == Status.REJECTED]], dtype=object)
+    reasons, counts = np.unique(r.reason[r.status == Status.REJECTED], return_counts=True)
+    by_reason = dict(sorted((str(REASON_LABELS[k]), int(v)) for k, v in zip(reasons, counts, strict=True)))
 
     out: dict[str, object] = {
         "duration": duration,
@@ -330,13 +248,15 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     out.update(_stats("ttft", ttft))
     out.update(_stats("tpot", tpot))
     # the client sees token gaps only when the response is streamed; then they are the gaps between tokens made
-    out.update(_named("itl", records.itl.stats((50, 90, 99)) if records.stream else None))
+    # once: the client's gaps (when streamed) and the server's are the same
+    itl = records.itl.stats((50, 90, 99)) if token_gaps else None
+    out.update(_named("itl", itl if records.stream else None))
     out.update(_stats("e2el", e2el))
     out.update(_stats("queueing", lat["queueing_s"][done]))
     out.update(_stats("server_ttft", lat["server_ttft_s"][done]))
     out.update(_stats("server_tpot", lat["server_tpot_s"][done]))
     del lat
-    out.update(_named("server_itl", records.itl.stats((50, 90, 99))))
+    out.update(_named("server_itl", itl))
     # the vLLM paper's normalized latency: each request's end-to-end latency divided by its output tokens
     made = np.maximum(r.generated[done], 1)
     out["mean_normalized_latency_ms"] = float((e2el / made).mean() * 1e3) if completed else None
@@ -357,13 +277,15 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
     mean_batch = mean_tokens = None  # each array gone as soon as it is summed
     if len(it):
         mean_batch = float((it.column("prefill_seqs") + it.column("decode_seqs")).mean())
-        mean_tokens = float((it.column("prefill_tokens") + it.column("decode_seqs")).mean())
+        drafts = it.column("draft_tokens")
+        mean_tokens = float((it.column("prefill_tokens") + it.column("decode_seqs") + drafts).mean())
+        del drafts
     capacity = max(records.kv_num_blocks, 1)
     # the KV cache's use, weighted by each iteration's time
     kv_time = float(per_iteration(len(it), lambda k: blocks[k] / capacity * (end[k] - start[k])).sum())
     out.update(
         {
-            "rejected_by_reason": {str(k): int(v) for k, v in reasons.value_counts().sort_index().items()},
+            "rejected_by_reason": by_reason,
             "num_iterations": len(it),
             "gpu_busy_s": busy,
             "gpu_idle_s": idle,
@@ -383,11 +305,31 @@ def summarize(records: RunRecords, goodput: Mapping[str, float] | None = None) -
             "itl_kept": records.itl.describe(),
             "stream": records.stream,
             "engine": records.engine,
+            "engine_choice": records.engine_choice,
         }
     )
     if records.prefix_cache is not None:
         out.update(prefix_cache_summary(records.prefix_cache, r.cached[done] > 0, ttft))
+    if records.speculation is not None:
+        out.update(speculation_summary(records.speculation, int(r.draft_tokens.sum()), int(r.accepted_tokens.sum())))
     return out
+
+
+def speculation_summary(counters: npt.NDArray[np.int64], drafted: int, accepted: int) -> dict[str, Any]:
+    """Speculative decoding's outcome under `vllm bench serve`'s keys (``vllm/benchmarks/serve.py``, from the
+    server's ``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens`` and
+    ``_num_accepted_tokens_per_pos`` counters): the acceptance rate (accepted / draft tokens, in percent), the mean
+    acceptance length (1 + accepted per verification step with drafts), the steps, draft tokens (placeholders
+    included, as vLLM counts them), accepted tokens, and each position's acceptance (accepted there per step)."""
+    steps = int(counters[0])
+    return {
+        "spec_decode_acceptance_rate": 100.0 * accepted / drafted if drafted else None,
+        "spec_decode_acceptance_length": 1.0 + accepted / steps if steps else None,
+        "spec_decode_num_drafts": steps,
+        "spec_decode_draft_tokens": drafted,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_per_position_acceptance_rates": [int(x) / steps for x in counters[1:]] if steps else [],
+    }
 
 
 def prefix_cache_summary(counters: Mapping[str, int], hit: npt.NDArray[np.bool_], ttft_s: FloatArray) -> dict[str, Any]:

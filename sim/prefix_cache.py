@@ -10,11 +10,13 @@ Semantics follow vLLM V1's ``KVCacheManager`` with ``enable_prefix_caching`` (``
   ``num_tokens - 1`` tokens hit, so the last token is always computed and a token sampled
   (``get_computed_blocks``'s ``max_cache_hit_length``);
 - a block is cached as soon as a step is scheduled to fill it (``allocate_slots`` caches up to the tokens computed
-  and scheduled), so a request admitted later in the same step already finds it; two requests that compute the
-  same block in one step keep one cached copy and the other's stays private;
+  and scheduled; with speculative decoding, only verified tokens), so a request admitted later in the same step
+  already finds it; a block computed while a copy of it is cached (two requests computing it at once, a recompute
+  past a hit) is cached too, a further copy that a lookup finds once the copies cached before it are evicted (vLLM
+  keeps every copy, ``BlockHashToBlockMap``);
 - every full block is cached, a request's own content too: a preempted request finds its own blocks again when it
   is readmitted, if they are still there;
-- a freed block with nothing cached (a partial block, a second copy) is reused first; a freed cached block stays
+- a freed block with nothing cached (a partial block) is reused first; a freed cached block stays
   cached until its room is needed, cached blocks evicted least recently freed first, a request's blocks freed tail
   first (``BlockPool.free_blocks`` prepends the uncached ones to the free queue and appends the cached ones, in
   reverse order), so a common prefix outlives the suffixes that hung from it. A block is never evicted while a
@@ -28,7 +30,7 @@ of the segments up to the one holding its last token and its position; a block r
 Memory: ``used`` counts the distinct blocks some request references (a shared block once); cached blocks nobody
 references are free to take (``free`` counts them) and are evicted as new blocks are needed.
 
-The cache is ``sim.compiled.prefix``'s kernels over ``sim.compiled.kvstate``'s arrays, which both engines run; this
+The cache is ``sim.kernels.prefix``'s kernels over ``sim.kernels.kvstate``'s arrays, which both engines run; this
 class gives Python callers its counters and, for tests, views of what is cached.
 """
 
@@ -37,8 +39,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from sim.compiled import prefix
-from sim.compiled.kvstate import (
+from sim.kernels import prefix
+from sim.kernels.kvstate import (
     CACHED,
     EMPTY,
     EVICTABLE,
@@ -65,12 +67,16 @@ class PrefixCachingKV(KVCacheManager):
     """``KVCacheManager`` with automatic prefix caching over the content of ``workload``'s requests (their shared
     segments, ``Workload.prefixes``, and their lengths: every full block of a prompt and its output has a key)."""
 
-    def __init__(self, num_blocks: int, block_size: int, workload: Workload, watermark: float = 0.0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, workload: Workload, watermark: float = 0.0,
+                 drop_last_block: bool = False) -> None:  # fmt: skip
+        """``drop_last_block``: a hit loses its last block, as vLLM drops it for an EAGLE-like drafter (speculative
+        decoding: the drafter needs the hidden states of the tokens before the first one computed)."""
         check_sizes(num_blocks, block_size, watermark)
         p = workload.prefixes
         totals = np.asarray(workload.prompt_tokens + workload.output_tokens, dtype=np.int64)
         segments = None if p is None else (p.ids, p.tokens, p.offsets)
-        self.arrays = make_kv(num_blocks, block_size, len(workload), int(watermark * num_blocks), totals, segments)
+        self.arrays = make_kv(num_blocks, block_size, len(workload), int(watermark * num_blocks), totals, segments,
+                              drop_last=drop_last_block)  # fmt: skip
 
     def keys(self, req: int) -> IntArray:
         """The keys of ``req``'s full blocks, in order."""

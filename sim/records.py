@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
-from sim.compiled.jit import kernel
+from sim.kernels.jit import kernel
+
+if TYPE_CHECKING:
+    import pandas as pd
 from sim.request import RequestTable
 
 FloatArray = npt.NDArray[np.float64]
@@ -36,8 +38,20 @@ COUNT_COLUMNS = (
     "waiting",  # requests queued for admission when the iteration ended (count)
     "preempted",  # requests preempted while this iteration was scheduled (count)
     "finished",  # requests whose last token this iteration made (count)
+    "draft_tokens",  # speculative decoding: draft tokens verified, placeholders included (tokens)
+    "accepted_tokens",  # of those, the drafts accepted (tokens)
 )
 ITERATION_COLUMNS = TIME_COLUMNS + COUNT_COLUMNS
+# columns of speculative decoding (in iterations.csv, requests.csv and batches.csv), written after a table's others
+SPEC_COLUMNS = ("draft_tokens", "accepted_tokens")
+
+
+def spec_columns_last(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` with speculative decoding's after every other (the tables' columns before them keep their order
+    from before ferry modelled it)."""
+    return {k: v for k, v in columns.items() if k not in SPEC_COLUMNS} | {
+        k: columns[k] for k in SPEC_COLUMNS if k in columns
+    }
 
 
 class IterationLog:
@@ -102,10 +116,16 @@ class IterationLog:
         out: Any = np.concatenate([b[:, k] for b in blocks[:-1]] + [last]) if len(blocks) > 1 else last
         return out
 
-    def to_frame(self) -> pd.DataFrame:
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column (the content of ``iterations.csv``): times in seconds, counts as int64."""
         columns: dict[str, np.ndarray] = {name: self.column(name) for name in TIME_COLUMNS}
         columns |= {name: self.column(name).astype(np.int64) for name in COUNT_COLUMNS}
-        return pd.DataFrame(columns)
+        return columns
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.columns())
 
 
 # One row per (iteration, request that took part in it): who rode in each iteration, in the order the policy
@@ -116,24 +136,28 @@ BATCH_COLUMNS = (
     "tokens",  # tokens it computed in the iteration: a prompt chunk (or recompute), or 1 for a decode step (tokens)
     "context",  # tokens of it already cached before the iteration (tokens)
     "prefill",  # 1: those tokens were prompt (or recompute) tokens; 0: a decode step
+    "drafts",  # speculative decoding: of those tokens, draft tokens verified (placeholders included)
+    "accepted",  # of the drafts, those accepted
 )
 
 
 class BatchLog:
-    """Rows of ``BATCH_COLUMNS`` in one growable int64 block (40 bytes a row)."""
+    """Rows of ``BATCH_COLUMNS`` in one growable int64 block (56 bytes a row)."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.rows = np.zeros((capacity, len(BATCH_COLUMNS)), dtype=np.int64)
         self.n = 0
 
     def append(self, iteration: int, requests: npt.NDArray[np.int64], tokens: npt.NDArray[np.int64],
-               context: npt.NDArray[np.int64], prefill: npt.ArrayLike) -> None:  # fmt: skip
+               context: npt.NDArray[np.int64], prefill: npt.ArrayLike, drafts: npt.ArrayLike = 0,
+               accepted: npt.ArrayLike = 0) -> None:  # fmt: skip
         k = len(requests)
         while self.n + k > len(self.rows):
             self.grow()
         block = self.rows[self.n : self.n + k]
         block[:, 0] = iteration
         block[:, 1], block[:, 2], block[:, 3], block[:, 4] = requests, tokens, context, prefill
+        block[:, 5], block[:, 6] = drafts, accepted
         self.n += k
 
     def grow(self) -> None:
@@ -144,7 +168,13 @@ class BatchLog:
     def __len__(self) -> int:
         return self.n
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """Each of ``BATCH_COLUMNS`` (int64)."""
+        return {name: self.rows[: self.n, k] for k, name in enumerate(BATCH_COLUMNS)}
+
     def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(self.rows[: self.n], columns=list(BATCH_COLUMNS))
 
 
@@ -227,9 +257,14 @@ class ItlLog:
 
     def reserve(self, extra: int) -> None:
         """Make room for ``extra`` more gaps (a replica of a cluster learns its requests as they are routed)."""
+        self.make_room(extra)
         self.reserved += extra
-        if self.exact and self.reserved > len(self.gaps):
-            need = max(2 * len(self.gaps), self.reserved, 1024)
+
+    def make_room(self, extra: int) -> None:
+        """Room for ``extra`` gaps beyond those reserved, not reserved yet (the compiled cluster counts them)."""
+        need = self.reserved + extra
+        if self.exact and need > len(self.gaps):
+            need = max(2 * len(self.gaps), need, 1024)
             self.gaps = np.concatenate([self.gaps, np.zeros(need - len(self.gaps))])
 
     def add(self, gaps: FloatArray) -> None:
@@ -280,6 +315,7 @@ class RunRecords:
     kv_num_blocks: int = 0  # KV-cache capacity of the replica (blocks)
     kv_block_size: int = 0  # tokens per block
     engine: str = "reference"  # which engine ran: "reference" (Python policies on SimPy) or "compiled"
+    engine_choice: str = ""  # why that engine ran ("asked", or auto's reason: ``sim.engine.choose_engine``)
     # how responses reach the client: True, each token as it is made (streaming); False, the whole response when
     # the request gives back its seat (static and dynamic batching return every member's response at batch end)
     stream: bool = True
@@ -288,3 +324,6 @@ class RunRecords:
     prefix_cache: dict[str, int] | None = None
     # who took part in each iteration, with their tokens (None unless the run was asked to record it)
     batches: BatchLog | None = None
+    # speculative decoding (``sim.speculation``): verification steps with drafts, then the drafts accepted at each
+    # position (vLLM's spec_decode_num_drafts and _num_accepted_tokens_per_pos); None without it
+    speculation: npt.NDArray[np.int64] | None = None

@@ -65,6 +65,9 @@ COLUMN_FILLS: tuple[tuple[str, float], ...] = (
     ("last_token", np.nan),
     ("finish", np.nan),
     ("released", np.nan),
+    ("drafts", 0),
+    ("draft_tokens", 0),
+    ("accepted_tokens", 0),
 )
 MIN_CAPACITY = 64  # rows a table that grows reserves at least
 
@@ -103,6 +106,11 @@ class RequestTable:
         self.last_token = nan.copy()  # end of the iteration that sampled its latest token (s)
         self.finish = nan.copy()  # time its last token was made (s)
         self.released = nan.copy()  # time it gave back its seat and memory: its finish, or its batch's end (s)
+        # speculative decoding (``sim.speculation``): draft tokens proposed for its next step and not yet scheduled
+        # (vLLM's spec_token_ids), and over the run the draft tokens scheduled (placeholders included) and accepted
+        self.drafts = np.zeros(n, dtype=np.int64)
+        self.draft_tokens = np.zeros(n, dtype=np.int64)
+        self.accepted_tokens = np.zeros(n, dtype=np.int64)
         self._buffers: dict[str, np.ndarray] = {}  # the columns' storage once the table grows (``append``)
         # sessions (``Workload.after``, ``think_s``): the turn before each request (-1: none), and the seconds its
         # client thinks after that turn's response before sending it; None without sessions
@@ -140,7 +148,8 @@ class RequestTable:
         return self.prompt[ids] + self.generated[ids]
 
     def remaining(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.int64] | np.int64:
-        """Tokens to compute before the next sample (tokens): the whole prompt at first, 1 while decoding."""
+        """Tokens to compute before the next sample (tokens): the whole prompt at first, 1 while decoding (draft
+        tokens, scheduled beyond these, are verified with the last)."""
         return self.prompt[ids] + self.generated[ids] - self.computed[ids]
 
     def is_prefilling(self, ids: npt.NDArray[np.int64] | int) -> npt.NDArray[np.bool_] | np.bool_:

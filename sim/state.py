@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from costmodel.shape import IterationShape
-from sim.compiled.sessions import (
+from sim.kernels.sessions import (
     LEN,
     Sessions,
     first_turns,
@@ -25,9 +25,11 @@ from sim.compiled.sessions import (
     release_turns,
     sessions_of,
 )
+from sim.kernels.speculation import accepted
 from sim.kvcache import KVCacheManager
 from sim.records import BatchLog, ItlLog, RunRecords
 from sim.request import Reason, RequestTable, Status
+from sim.speculation import NUM_DRAFTS, Speculation
 
 IntArray = npt.NDArray[np.int64]
 
@@ -38,7 +40,9 @@ class Batch:
 
     # requests that take part, in the order they were scheduled
     req_ids: IntArray
-    # tokens each one computes this iteration: a prompt chunk (or recompute), or 1 for a decode step
+    # tokens each one computes this iteration: a prompt chunk (or recompute), or 1 for a decode step; with speculative
+    # decoding, beyond the tokens it needs before its next sample (``RequestTable.remaining``), its draft tokens (or
+    # placeholders padding it to 1 + k, never accepted, where it had none: ``sim.speculation``)
     num_new: IntArray
     # True: a request that makes its last token keeps its seat and memory until the policy releases its whole batch
     # (static batching); False: it leaves and frees its memory at once
@@ -80,12 +84,15 @@ class SchedulerState:
         exact_itl: bool | None = None,
         record_batches: bool = False,
         routed: bool = False,
+        spec: Speculation | None = None,
     ) -> None:
         """``routed``: a replica of a cluster, which receives the requests a router hands it (``route``) rather
-        than every request of the table."""
+        than every request of the table. ``spec``: speculative decoding, which the policy schedules and ``complete``
+        verifies."""
         self.reqs = requests
         self.kv = kv
         self.max_model_len = int(max_model_len)
+        self.spec = spec
         self.now = 0.0  # seconds, set by the caller before each decision
         self.waiting: deque[int] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[int] = []  # seated requests, in admission order (the last is preempted first)
@@ -95,6 +102,7 @@ class SchedulerState:
             kv_num_blocks=kv.num_blocks,
             kv_block_size=kv.block_size,
             batches=BatchLog() if record_batches else None,
+            speculation=spec.counters() if spec is not None else None,
         )
         # the inbox: the requests this replica serves, in arrival order, and their arrivals (s); [0, routed) are
         # valid. A single replica's are all the requests; a cluster's router adds them one by one (``route``).
@@ -107,7 +115,7 @@ class SchedulerState:
         self._preempted_since_batch = 0
         self.unfinished = self.routed  # requests (routed here) not yet finished or rejected
         self.num_held = 0  # seated requests that are done and wait for their batch to end
-        self.sessions: Sessions | None = None  # multi-turn sessions (``sim.compiled.sessions``)
+        self.sessions: Sessions | None = None  # multi-turn sessions (``sim.kernels.sessions``)
         if requests.after is not None:
             self._sessions(requests.after, routed)
 
@@ -153,7 +161,7 @@ class SchedulerState:
 
     def _turn_ended(self, req: int, when: float) -> None:
         """Sessions: the response of ``req`` ended at ``when`` (s); each turn after it is sent a think time later
-        (``sim.compiled.sessions``, which the compiled engine runs too)."""
+        (``sim.kernels.sessions``, which the compiled engine runs too)."""
         assert self.sessions is not None
         release_turns(self.sessions, self.reqs.arrival, req, when)
 
@@ -248,6 +256,7 @@ class SchedulerState:
         self.kv.free_request(req)
         reqs.recomputed[req] += reqs.computed[req]
         reqs.computed[req] = 0
+        reqs.drafts[req] = 0  # vLLM drops a preempted request's drafts
         reqs.preemptions[req] += 1
         reqs.status[req] = Status.WAITING
         self.waiting.appendleft(req)
@@ -270,31 +279,61 @@ class SchedulerState:
 
     # ---- what the executor does ---------------------------------------------------------------------------------
     def shape_of(self, batch: Batch) -> IterationShape:
-        """The cost model's view of a batch: prefill chunks and decode steps with their cached context."""
+        """The cost model's view of a batch: prefill chunks and decode steps with their cached context, and the
+        requests verified with draft tokens (a query of all their tokens)."""
         reqs = self.reqs
         ids = batch.req_ids
         ctx = reqs.computed[ids]
         prefill = reqs.is_prefilling(ids)
         samples = ctx + batch.num_new == reqs.total_tokens(ids)
+        verify = batch.num_new > reqs.remaining(ids)
+        if not verify.any():
+            return IterationShape(
+                prefill_new=batch.num_new[prefill],
+                prefill_ctx=ctx[prefill],
+                decode_ctx=ctx[~prefill],
+                prefill_sampled=int(np.count_nonzero(samples & prefill)),
+            )
+        plain = prefill & ~verify
         return IterationShape(
-            prefill_new=batch.num_new[prefill],
-            prefill_ctx=ctx[prefill],
-            decode_ctx=ctx[~prefill],
-            prefill_sampled=int(np.count_nonzero(samples & prefill)),
+            prefill_new=batch.num_new[plain],
+            prefill_ctx=ctx[plain],
+            decode_ctx=ctx[~prefill & ~verify],
+            prefill_sampled=int(np.count_nonzero(samples & plain)),
+            verify_new=batch.num_new[verify],
+            verify_ctx=ctx[verify],
         )
+
+    def _verify(self, ids: IntArray, drafts: IntArray) -> IntArray:
+        """The drafts each of ``ids`` accepts of ``drafts`` scheduled (``sim.kernels.speculation``); placeholders,
+        scheduled to a request that had no drafts, none."""
+        spec, reqs = self.spec, self.reqs
+        out = np.zeros(len(ids), dtype=np.int64)
+        if spec is None:
+            return out
+        for j in np.flatnonzero((drafts > 0) & (reqs.drafts[ids] > 0)).tolist():
+            req = int(ids[j])
+            out[j] = accepted(spec.rates, spec.seed, req, int(reqs.generated[req]), int(drafts[j]))
+        return out
 
     def complete(self, batch: Batch, shape: IterationShape, start: float, end: float) -> None:
         """Account for a batch that ran from ``start`` to ``end`` (s): advance counters, sample tokens, finish
         requests, and append the iteration's record."""
         reqs = self.reqs
         ids = batch.req_ids
+        total = reqs.total_tokens(ids)  # before this step's samples
+        prefilling = reqs.is_prefilling(ids)
+        drafts = np.maximum(batch.num_new - (total - reqs.computed[ids]), 0)  # draft tokens verified (or placeholders)
+        took = self._verify(ids, drafts)
         if self.records.batches is not None:
             iteration = len(self.records.iterations)
-            self.records.batches.append(iteration, ids, batch.num_new, reqs.computed[ids], reqs.is_prefilling(ids))
+            self.records.batches.append(iteration, ids, batch.num_new, reqs.computed[ids], prefilling, drafts, took)
+        counts = (int(np.count_nonzero(prefilling)), int((batch.num_new - drafts)[prefilling].sum()),
+                  int(np.count_nonzero(~prefilling)), int(reqs.computed[ids].sum()))  # fmt: skip
         new_first = ids[np.isnan(reqs.first_scheduled[ids])]
         reqs.first_scheduled[new_first] = start
         reqs.computed[ids] += batch.num_new
-        self.kv.computed(ids, reqs.computed[ids])
+        self.kv.computed(ids, np.minimum(reqs.computed[ids], total))  # the verified tokens only (vLLM caches no draft)
         short = self.kv.blocks_for(reqs.computed[ids]) > self.kv.held[ids]
         if short.any():
             req = int(ids[short][0])
@@ -302,14 +341,26 @@ class SchedulerState:
                 f"request {req} computed {reqs.computed[req]} tokens but holds only {self.kv.held[req]} KV blocks "
                 f"of {self.kv.block_size}: the policy scheduled tokens without allocating room for them"
             )
-        sampled = ids[reqs.computed[ids] == reqs.total_tokens(ids)]
+        sampling = reqs.computed[ids] >= total
+        sampled = ids[sampling]
         first = reqs.generated[sampled] == 0
         reqs.first_token[sampled[first]] = end
         later = sampled[~first]
-        self.records.itl.add(end - reqs.last_token[later])
-        reqs.generated[sampled] += 1
+        self.records.itl.add(end - reqs.last_token[later])  # one gap a step (the tokens of a step come as one chunk)
+        if self.spec is None:
+            reqs.generated[sampled] += 1
+        else:  # the rejected drafts rolled back; the accepted ones and one more (bonus or correction) appended
+            self.roll_back(ids, drafts - took)
+            made = np.minimum(took[sampling] + 1, reqs.output_wanted[sampled] - reqs.generated[sampled])
+            reqs.generated[sampled] += made
+            reqs.draft_tokens[ids] += drafts
+            reqs.accepted_tokens[ids] += took
+            self._count_drafts(drafts, took)
         reqs.last_token[sampled] = end
         done = sampled[reqs.generated[sampled] >= reqs.output_wanted[sampled]]
+        if self.spec is not None:  # proposed by the drafter for the requests that sampled and go on
+            reqs.drafts[ids] = 0
+            reqs.drafts[np.setdiff1d(sampled, done)] = self.spec.drafts_after(len(ids))
         reqs.finish[done] = end
         seats, held = len(self.running), self.num_held
         kv_used = self.kv.used
@@ -331,16 +382,27 @@ class SchedulerState:
             start,
             end,
             (
-                len(shape.prefill_new),
-                shape.num_prefill_tokens,
-                shape.num_decode_seqs,
-                int(shape.prefill_ctx.sum() + shape.decode_ctx.sum()),
+                *counts,
                 kv_used,
                 seats,
                 held,
                 len(self.waiting),
                 self._preempted_since_batch,
                 len(done),
+                int(drafts.sum()),
+                int(took.sum()),
             ),
         )
         self._preempted_since_batch = 0
+
+    def roll_back(self, ids: IntArray, rejected: IntArray) -> None:
+        """The rejected drafts of a step leave the computed tokens (vLLM's ``num_computed_tokens -= num_rejected``)."""
+        self.reqs.computed[ids] -= rejected
+
+    def _count_drafts(self, drafts: IntArray, took: IntArray) -> None:
+        """vLLM's spec-decode counters: verification steps with drafts, and the drafts accepted at each position."""
+        counters = self.records.speculation
+        assert counters is not None
+        counters[NUM_DRAFTS] += int(np.count_nonzero(drafts))
+        for a in took[took > 0].tolist():
+            counters[1 : 1 + a] += 1

@@ -45,10 +45,10 @@ class ConstantTimer:
 
 
 @njit(cache=True)
-def _linear_time(args: tuple[float, float, float], pf_new, pf_ctx, dec_ctx, sampled: int) -> float:  # noqa: ANN001
+def _linear_time(args: tuple[float, float, float], pf_new, pf_ctx, dec_ctx, sampled: int, vf_new, vf_ctx) -> float:  # noqa: ANN001
     base, per_token, per_ctx = args
-    tokens = pf_new.sum() + dec_ctx.shape[0]
-    ctx = pf_ctx.sum() + dec_ctx.sum()
+    tokens = pf_new.sum() + dec_ctx.shape[0] + vf_new.sum()
+    ctx = pf_ctx.sum() + dec_ctx.sum() + vf_ctx.sum()
     return base + per_token * tokens + per_ctx * ctx
 
 
@@ -60,7 +60,8 @@ class LinearTimer:
         self.args = (float(base), float(per_token), float(per_ctx))
 
     def iteration_time(self, shape: IterationShape) -> float:
-        return _linear_time(self.args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled)
+        return _linear_time(self.args, shape.prefill_new, shape.prefill_ctx, shape.decode_ctx, shape.prefill_sampled,
+                            shape.verify_new, shape.verify_ctx)  # fmt: skip
 
     def compiled(self) -> tuple[object, tuple[float, float, float]]:
         return _linear_time, self.args

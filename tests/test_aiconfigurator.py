@@ -112,3 +112,17 @@ def test_the_real_database(capsys: pytest.CaptureFixture) -> None:
     assert ops == {"qkv_proj", "o_proj", "mlp_gate_up", "mlp_down", "attention_prefill", "attention_decode"}
     assert all(np.isfinite(r["median_abs_rel_error"]) and r["n"] > 50 for r in out["results"])
     assert "aiconfigurator-core h100_sxm vllm 0.24.0" in out["source"]
+
+
+@pytest.mark.skipif(not installed, reason="aiconfigurator-core is not installed (pip install 'ferry[measured]')")
+def test_calibrate_names_the_databases_systems_not_ferrys_profiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:  # fmt: skip
+    """An unknown system is refused with the database's systems (it listed ferry's profile names); a system the
+    database has but ferry has no datasheet of (b60) asks for --base, before any fit."""
+    out = str(tmp_path / "p.yaml")
+    assert main(["calibrate", "--from-aiconfigurator", "nosuch", "--framework", "vllm", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "the database has no such system" in err and "b60" in err and "h100_sxm" in err and "h100-sxm" not in err
+    assert main(["calibrate", "--from-aiconfigurator", "b60", "--framework", "vllm", "--out", out]) == 2
+    assert "no datasheet profile of this device (b60.datasheet)" in capsys.readouterr().err

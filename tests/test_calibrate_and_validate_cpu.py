@@ -3,7 +3,7 @@ executor iterations and fits a profile; `ferry validate` serves a trace on the r
 profile. What must hold: the fit predicts the measurements it did not see, and the simulation predicts the real run.
 
 Assertions are on medians over many points or iterations, never on absolute speed; the margins held over repeated
-runs on a noisy 2-core machine, one of them with the other core kept busy (see the README's calibration section)."""
+runs on a noisy 2-core machine, one of them with the other core kept busy (see docs/guide/calibrate.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from experiments.cli import main  # noqa: E402
 # held-out median |predicted / measured - 1| per operator class that a quick CPU calibration must reach. Over 28 runs
 # on the 2-core CI machine (4 rounds of 7 over successive versions, 2 per round with the other core busy) the worst
 # were gemm 21%, attention 23%, elementwise 31% and whole iterations 14%: one roofline curve per class follows a CPU's
-# kernels less closely than a GPU's (README: "Calibration and validation"); whole iterations are what the simulator
+# kernels less closely than a GPU's (docs/guide/calibrate.md); whole iterations are what the simulator
 # needs.
 # On an Intel Xeon host of the same machine kind, attention_prefill reached 36% once in 5 runs (22% otherwise); on
 # the CI machine gemm reached 38% once (its held-out shapes are few and small, where a CPU GEMM is furthest from a

@@ -204,7 +204,15 @@ def test_header_names_the_vllm_defaults_and_the_delivery(tmp_path: Path, capsys:
         "max_num_batched_tokens",
         "max_num_seqs",
         "scheduler_reserve_full_isl",
+        "kv_watermark",
+        "enable_prefix_caching",
+    ] or summary["vllm_defaults"]["applied"] == [
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "scheduler_reserve_full_isl",
+        "enable_prefix_caching",
     ]
+    assert "Prefix caching:" in printed and "on (vLLM 0.8.5)" in printed  # V1 caches prefixes by default
     assert summary["config"]["kv_watermark"] == 0.02 and summary["config"]["stream"] is False
     assert summary["stream"] is False and summary["mean_tpot_ms"] == 0.0  # whole responses: no pace seen
     assert summary["mean_server_tpot_ms"] > 0
@@ -241,7 +249,16 @@ def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> Non
     args += ["--output-len", "5", "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--out", str(out)]
     assert main([*args, "--record-batches"]) == 0
     batches, iterations = pd.read_csv(out / "batches.csv"), pd.read_csv(out / "iterations.csv")
-    assert list(batches.columns) == ["iteration", "request_id", "phase", "tokens", "context_tokens", "replica"]
+    assert list(batches.columns) == [
+        "iteration",
+        "request_id",
+        "phase",
+        "tokens",
+        "context_tokens",
+        "replica",
+        "draft_tokens",
+        "accepted_tokens",
+    ]  # speculative decoding's after the others
     per_iteration = batches.groupby("iteration").size()
     assert (per_iteration.to_numpy() == (iterations.prefill_seqs + iterations.decode_seqs).to_numpy()).all()
     assert set(batches.phase) == {"prefill_chunk", "decode"}  # 700-token prompts under a 512-token budget: chunks
@@ -250,3 +267,25 @@ def test_record_batches_writes_who_rode_in_each_iteration(tmp_path: Path) -> Non
     assert batches.groupby("request_id").tokens.sum().eq(700 + 5 - 1).all()  # each prompt, and a decode per token
     assert main(args) == 0  # a run without it leaves no stale batches.csv behind
     assert not (out / "batches.csv").exists()
+
+
+def test_a_run_without_flags_is_what_vllm_serve_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """No --policy: vLLM V1's chunked prefill; prefix caching on, as vllm serve 0.32 turns it on by default
+    (``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``); both named in the header, and
+    --no-enable-prefix-caching turns it off. Requests all at t=0 unless a rate is given, which the header says."""
+    assert ferry("run", "--num-prompts", "20", "--out", str(tmp_path / "a")) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["config"]["scheduler"]["policy"] == "chunked" and summary["config"]["enable_prefix_caching"]
+    assert {"policy", "enable_prefix_caching"} <= set(summary["vllm_defaults"]["applied"])
+    assert "chunked (`vllm serve`" in printed and re.search(r"Prefix caching: +on \(vLLM", printed)
+    assert "all at t=0 (--request-rate inf" in printed
+    assert ferry("run", "--num-prompts", "20", "--no-enable-prefix-caching", "--out", str(tmp_path / "b")) == 0
+    assert re.search(r"Prefix caching: +off", capsys.readouterr().out)
+
+
+def test_a_run_where_no_request_completed_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    status = ferry("run", "--num-prompts", "5", "--input-len", "9000", "--max-model-len", "4096", "--out",
+                   str(tmp_path))  # fmt: skip
+    assert status == 3 and "no request completed (rejected: 5 exceeds_max_model_len)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "summary.json").read_text())["failed"] == 5  # written all the same

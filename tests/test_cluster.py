@@ -206,3 +206,63 @@ def test_random_routing_gives_each_replica_the_m_g_1_wait() -> None:
     # replicas ranged 0.93-1.08 of the formula), all of them together within 5% (0.97-1.03 seen)
     assert all(0.88 < r < 1.12 for r in ratios), ratios
     assert np.mean(ratios) == pytest.approx(1.0, abs=0.05), ratios
+
+
+LOAD_ROUTERS = ("least_requests", "least_tokens", "least_kv", "power_of_two")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(1, 4), st.sampled_from(LOAD_ROUTERS), st.integers(0, 3), st.data())
+def test_the_compiled_routing_loop_routes_as_the_python_loop(sc: dict, n_rep: int, router: str, seed: int,
+                                                            data: st.DataObject) -> None:  # fmt: skip
+    """Replicas of one policy (each its own cache and speed) behind a router with a kernel are routed in compiled
+    code (``sim.compiled.cluster``): the same records as the Python loop over the same compiled replicas, and as the
+    reference engine. Inboxes start with room for one request, so that every one grows as it is routed to."""
+    blocks = data.draw(st.lists(st.integers(1, 80), min_size=n_rep, max_size=n_rep))
+    cluster = {**sc, "replicas": [(sc["config"], b, sc["block_size"], sc["watermark"]) for b in blocks],
+               "speeds": data.draw(st.lists(st.sampled_from([1.0, 0.5, 2.0]), min_size=n_rep, max_size=n_rep)),
+               "router": router, "seed": seed}  # fmt: skip
+    import sim.cluster as cluster_module
+
+    used: list[bool] = []
+    real_of = cluster_module.compiled_cluster_of
+
+    def spy(*args: object) -> object:
+        fast = real_of(*args)  # type: ignore[arg-type]
+        used.append(fast is not None)
+        return fast
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster_module, "inbox_capacity", lambda n, r: 1)
+        mp.setattr(cluster_module, "compiled_cluster_of", spy)
+        fast = _cluster(cluster, "compiled")
+        mp.setattr(cluster_module, "compiled_cluster_of", lambda *a: None)  # the Python loop
+        python_loop = _cluster(cluster, "compiled")
+    ref = _cluster(cluster, "reference")
+    assert used == [True]
+    for other in (python_loop, ref):
+        assert np.array_equal(fast.replica_of, other.replica_of)
+        a, b = fast.merged(), other.merged()
+        assert request_frame(a).equals(request_frame(b))
+        assert a.iterations.to_frame().equals(b.iterations.to_frame())
+        assert np.array_equal(a.itl.values(), b.itl.values())
+
+
+def test_the_compiled_routing_loop_grows_its_logs_and_inboxes() -> None:
+    """A long trace on replicas that start with room for one request and 1,024 iterations: the loop hands back to
+    Python to grow them, again and again, and gives the Python loop's records."""
+    import sim.cluster as cluster_module
+
+    results = []
+    for force_python in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cluster_module, "inbox_capacity", lambda n, r: 1)
+            if force_python:
+                mp.setattr(cluster_module, "compiled_cluster_of", lambda *a: None)
+            results.append(_busy_cluster(get_router("least_tokens", 3, np.random.default_rng(0)), n_rep=3, n=1500))
+    fast, slow = results
+    assert max(len(r.iterations) for r in fast.replicas) > 1024
+    assert np.array_equal(fast.replica_of, slow.replica_of)
+    a, b = fast.merged(), slow.merged()
+    assert request_frame(a).equals(request_frame(b)) and a.iterations.to_frame().equals(b.iterations.to_frame())
+    assert np.array_equal(a.itl.values(), b.itl.values())

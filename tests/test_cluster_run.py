@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.config import RunConfig
+from experiments.runner.config import RunConfig
 
 GROUPS = """model: llama-3-8b
 policy: chunked

@@ -89,6 +89,8 @@ def test_iteration_table(capsys) -> None:
         (["--prefill", "4096@8000"], "max_position_embeddings=8192"),
         (["--decode", "1@1", "--dtype", "bf17"], "unknown dtype"),
         (["--decode", "1@1", "--tp", "3"], "tp=3"),
+        (["--decode", "99999999999999999999@1"], "sequences in one iteration; at most"),  # numpy's words before
+        (["--decode", "1@1", "--tp", "16"], "spans more than the 8 GPUs"),
     ],
 )
 def test_iteration_refuses_bad_input_clearly(flags: list[str], message: str) -> None:

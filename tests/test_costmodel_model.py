@@ -20,6 +20,7 @@ PUBLISHED_B = {
     "mistral-7b": 7.24,
     "mixtral-8x7b": 46.7,
     "llama-3.3-70b": 70.6,
+    "llama-3.3-70b-nvfp4": 70.6,  # the same weights as NVIDIA's NVFP4 export (counted as parameters, not bytes)
     "llama-3.1-405b": 405.0,
     "qwen3-8b": 8.2,
     "qwen3-32b": 32.8,

@@ -237,8 +237,18 @@ def test_ring_all_reduce_time() -> None:
 def test_tp_must_split_the_heads() -> None:
     with pytest.raises(ValueError, match="num_attention_heads"):
         cost_model(tp=3)
-    big = cost_model("llama-3-70b", tp=16)  # more GPUs than KV heads: KV heads are replicated
+    # more GPUs than KV heads: KV heads are replicated (16 GPUs in one NVLink domain: NVL72's)
+    big = cost_model("llama-3-70b", "gb200.datasheet", tp=16)
     assert big.kv_bytes_per_token() == 2 * 80 * 1 * 128 * 2
+
+
+@pytest.mark.parametrize(("hardware", "tp"), [("h100-sxm.datasheet", 16), ("b200", 32), ("l40s", 16)])
+def test_tp_beyond_the_gpus_one_link_joins_is_refused(hardware: str, tp: int) -> None:
+    """An 8-GPU server's NVLink (or PCIe) all-reduces within it; TP 16 would cross the network between servers, which
+    ferry does not price (it priced it as NVLink, cheaper than the measured 8-GPU all-reduce): refused, saying why."""
+    with pytest.raises(ValueError, match=rf"tensor_parallel_size={tp} spans more than the 8 GPUs .*pipeline"):
+        cost_model("llama-3-70b", hardware, tp=tp)
+    assert cost_model("llama-3-70b", "gb200.datasheet", tp=32).tp == 32  # NVL72: 72 GPUs on one NVLink
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from costmodel import strict_yaml
-from experiments.config import RunConfig
+from experiments.runner.config import RunConfig
 from experiments.studies import end_to_end as study
 
 
@@ -33,7 +33,7 @@ def test_the_open_loop_keeps_its_concurrency_in_flight() -> None:
 
 
 def test_a_closed_loop_client_sends_its_next_request_when_its_last_has_ended() -> None:
-    from experiments.simulation import build_workload, run_simulation
+    from experiments.runner.simulation import build_workload, run_simulation
     from sim.metrics import request_frame
 
     config = {"model": "llama-3-8b", "hardware": "h100-sxm.datasheet", "policy": "chunked", "input_len": 512,

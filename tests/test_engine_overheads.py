@@ -14,7 +14,7 @@ import costmodel.engines as engines
 from costmodel import CostModel, HardwareProfile, IterationShape, builtin_hardware, load_hardware, load_model
 from costmodel.engines import apply_engine, get_engine, list_engines, load_engines, parse_engines
 from experiments.cli import main
-from experiments.config import RunConfig
+from experiments.runner.config import RunConfig
 from experiments.studies import engine_overheads as study
 from experiments.sweep.spec import SweepSpec, expand
 

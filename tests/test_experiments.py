@@ -1,4 +1,4 @@
-"""The experiment scripts run end to end on small inputs (their full-size results are in the README)."""
+"""The experiment scripts run end to end on small inputs (their full-size results are in docs/)."""
 
 from __future__ import annotations
 

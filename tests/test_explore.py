@@ -209,3 +209,19 @@ def test_the_server_answers_over_http(tmp_path: Path) -> None:
         bad = httpx.get(url + "api/run", params={"max_batch_size": "0"}, timeout=30)
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "max_batch_size"
         assert proc.poll() is None  # still serving after a bad request
+
+
+def test_every_scenario_opens_and_each_policy_runs_with_its_own_limits() -> None:
+    """A scenario whose policies have limits of their own (chunked prefill's budget of 513 tokens, which continuous
+    batching cannot run with at its max_model_len) opens on its first policy's, and a policy chosen on the page runs
+    with the scenario's limits for it."""
+    from experiments.teach.scenario import builtin_scenarios
+
+    for scenario in builtin_scenarios():
+        explorer = Explorer.of_scenario(scenario)
+        for entry in scenario.policies:
+            settings = explorer.defaults.model_copy(update={"policy": entry.get("policy", "continuous")})
+            config = explorer.run_config(settings)
+            for key in ("max_num_seqs", "max_num_batched_tokens", "max_batch_size"):
+                if key in entry:
+                    assert getattr(config.scheduler, key) == entry[key], (scenario.name, entry, key)

@@ -8,9 +8,9 @@ import io
 import numpy as np
 import pytest
 
-from experiments.config import RunConfig
 from experiments.progress import Progress
-from experiments.simulation import run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation
 from sim.records import HIST_REL_ERROR
 from tests.helpers import ConstantTimer, LinearTimer, make_requests, run
 
@@ -107,3 +107,21 @@ def test_a_run_longer_than_the_first_log_grows_it() -> None:
               engine="compiled")  # fmt: skip
     assert len(rec.iterations) == 5000 and rec.engine == "compiled"
     assert (np.diff(rec.iterations.column("start")) > 0).all()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ['{"method": "eagle3", "num_speculative_tokens": 3}',
+     '{"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 8, 4], '
+     '[9, 256, 1]]}',
+     '{"model": "llama-3-8b", "num_speculative_tokens": 2}'],
+    ids=["eagle3", "ngram by batch size", "draft model"],
+)  # fmt: skip
+def test_speculative_decoding_gives_the_same_summary_on_both_engines(spec: str) -> None:
+    extra = {"speculative_config": spec, "enable_prefix_caching": True, "prefix_len": 256, "num_prefix_groups": 2,
+             "model": "llama-3.1-8b", "max_model_len": 8192}  # fmt: skip
+    fast = run_simulation(_config("chunked", engine="compiled", **extra)).summary
+    reference = run_simulation(_config("chunked", engine="reference", **extra)).summary
+    assert fast.pop("engine") == "compiled" and reference.pop("engine") == "reference"
+    fast["config"].pop("engine"), reference["config"].pop("engine")
+    assert fast == reference and fast["spec_decode_num_drafts"] > 0

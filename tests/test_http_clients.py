@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments.cli import main
@@ -80,7 +81,8 @@ class Fake(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         with self.lock:
             n = next(self.served[mode])
-        failing = {"e500": True, "fail500": True, "flaky3": n % 4 != 0, "flaky1": n % 4 == 0, "dies": n >= 3}
+        failing = {"e500": True, "fail500": True, "flaky3": n % 4 != 0, "flaky1": n % 4 == 0, "dies": n >= 3,
+                   "drops2": n in (10, 20), "drops4": n >= 3 and n % 4 == 3}  # fmt: skip
         if failing.get(mode, False):
             self._send(500, "application/json", json.dumps({"error": {"message": "the engine is dead"}}))
         elif mode == "nosse":
@@ -89,6 +91,15 @@ class Fake(BaseHTTPRequestHandler):
         elif mode in ("garbled", "notchunk"):
             self._open_stream()
             self.wfile.write(b"data: {oops\n\n" if mode == "garbled" else b'data: {"hello": 1}\n\n')
+        elif mode == "endless":  # tokens forever, never [DONE]
+            self._open_stream()
+            choice = {"index": 0, "text": " x", "finish_reason": None}
+            line = f"data: {json.dumps({'object': 'text_completion', 'choices': [choice]})}\n\n".encode()
+            try:
+                while not self.stop.wait(TOKEN_S):
+                    self.wfile.write(line)
+            except OSError:  # the client went away
+                pass
         elif mode == "keepalive":
             self._open_stream()
             try:
@@ -108,7 +119,9 @@ class Fake(BaseHTTPRequestHandler):
             time.sleep(TOKEN_S)
             choice = {"index": 0, "text": " x", "finish_reason": "length" if k == made - 1 else None}
             self.wfile.write(f"data: {json.dumps({'object': 'text_completion', 'choices': [choice]})}\n\n".encode())
-        usage = {"prompt_tokens": tokens, "completion_tokens": made, "total_tokens": tokens + made}
+        counted = made + 3 if self.path.startswith("/miscount/") else made
+        usage = {"prompt_tokens": -7 if self.path.startswith("/absurd/") else tokens, "completion_tokens": counted,
+                 "total_tokens": tokens + counted}  # fmt: skip
         self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
 
 
@@ -203,6 +216,8 @@ FAILED_REQUESTS = {
     "notchunk": ("4 of 4", "not a completion chunk in the stream (no 'choices'): '{\"hello\": 1}'"),
     "keepalive": ("4 of 4", "TimeoutError: no token for 1 s (none yet, "),
     "flaky3": ("3 of 4", "HTTP 500"),
+    "endless": ("4 of 4", "the stream went past max_tokens="),
+    "absurd": ("4 of 4", "the server's usage is not a count of tokens: prompt_tokens=-7"),
 }
 
 
@@ -253,6 +268,8 @@ REFUSED_BY_PROBE = {
     "notchunk": "the first probe request failed: not a completion chunk in the stream",
     "keepalive": "the first probe request failed: TimeoutError: no token for 1 s (none yet,",
     "stall": "/models: no answer within 1 s",
+    "endless": "the first probe request failed: the stream went past max_tokens=",
+    "absurd": "the first probe request failed: the server's usage is not a count of tokens: prompt_tokens=-7",
 }
 
 
@@ -332,3 +349,90 @@ def test_a_stream_that_stalls_fails_within_its_timeout(silent: str) -> None:
     assert time.perf_counter() - start < QUICK_S
     assert not stream.ok and stream.error is not None
     assert re.fullmatch(r"(ReadTimeout after 1 s|TimeoutError: no response within 1 s)", stream.error), stream.error
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("endless", "the stream went past max_tokens=4 (6 chunks) without ending"),
+        ("absurd", "the server's usage is not a count of tokens: prompt_tokens=-7"),
+    ],
+)
+def test_a_stream_past_its_tokens_or_with_absurd_usage_fails_saying_so(fake: str, mode: str, why: str) -> None:
+    """A server that streams tokens forever and never sends [DONE] is cut off past max_tokens (its per-token timeout
+    would never fire); a usage of -7 prompt tokens fails its request instead of entering the outputs."""
+
+    async def go() -> C.Stream:
+        async with C.new_client(1, 5.0) as client:
+            return await C.complete(client, f"{fake}/{mode}/v1", NAME, [1, 2, 3], 4, time.perf_counter(), timeout_s=5)
+
+    start = time.perf_counter()
+    stream = asyncio.run(go())
+    assert time.perf_counter() - start < QUICK_S
+    assert not stream.ok and stream.error is not None and stream.error.startswith(why), stream.error
+
+
+def test_validate_url_against_an_endless_stream_ends_within_its_limits(
+    fake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    """`ferry validate --url ... --timeout 5` against a server that never ends a stream: every request is ended past
+    its max_tokens and counted failed, so it stops with one line naming why, writing nothing (it ran for ever)."""
+    args = ["validate", "--url", f"{fake}/endless/v1", "--served-model-name", NAME, "--model", "tiny-llama",
+            "--hardware", "h100-sxm", "--timeout", "5", "--num-prompts", "4", "--request-rate", "20", "--input-len",
+            "16", "--output-len", "8", "--out", str(tmp_path / "v")]  # fmt: skip
+    line, seconds = one_error(capsys, args)
+    assert seconds < QUICK_S
+    assert "4 of 4 requests" in line and "the stream went past max_tokens=8" in line, line
+    assert not (tmp_path / "v" / "comparison.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--url", "http://127.0.0.1:9/v1", "--device", "cuda"], "--device cuda: it sets ferry's own executor"),
+     (["--url", "http://127.0.0.1:9/v1", "--threads", "4"], "--threads 4: it sets ferry's own executor"),
+     (["--max-concurrency", "4"], "--max-concurrency 4: it is for a live server's requests; give --url"),
+     (["--served-model-name", "x"], "--served-model-name x: it is for a live server's requests; give --url")],
+)  # fmt: skip
+def test_validate_refuses_the_flags_of_the_side_it_does_not_run(
+    flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    """`validate --url --device cuda` ignored --device (the server runs where it was started): refused, as a live
+    server's flags are without --url, before anything is sent or built."""
+    line, seconds = one_error(capsys, ["validate", "--model", "tiny-llama", *flags, "--out", str(tmp_path / "v")])
+    assert said in line and seconds < QUICK_S, line
+
+
+def test_probe_leaves_out_the_experiments_that_lost_requests_and_says_so(fake: str, tmp_path: Path) -> None:
+    """Two requests of the probe fail (HTTP 500): their experiments time a batch they were not designed to be, so
+    they are left out of the fit and of the held-out error, and the report's first note names them (the probe fitted
+    through them, and printed its held-out table as if nothing had happened)."""
+    out = tmp_path / "p.yaml"
+    assert main(["probe", "--url", f"{fake}/drops2/v1", *PROBE, "--out", str(out)]) == 0
+    report = json.loads(out.with_name("p.probe.json").read_text())
+    (note,) = [n for n in report["notes"] if "lost requests" in n]
+    assert re.match(r"warning: 2 of the \d+ experiments lost requests and are left out of the fit", note), note
+    assert note.count("1 of ") == 2 and "HTTP 500" in note
+    lost = report["lost"]
+    assert len(lost) == 2 and all(x["failed"] == 1 and x["first"].startswith("HTTP 500") for x in lost), lost
+    rows = pd.read_csv(out.with_name("p.probe.csv"))
+    assert len(rows) and not set(rows["experiment"]) & {x["experiment"] for x in lost}
+
+
+def test_probe_refuses_to_fit_a_server_that_keeps_failing(
+    fake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    """One request in four fails after the first checks: most experiments lose requests, so no profile is written,
+    and the one line says how many and why."""
+    err, took = one_error(capsys, ["probe", "--url", f"{fake}/drops4/v1", *PROBE, "--out", str(tmp_path / "p.yaml")])
+    assert re.search(r"\d+ of the \d+ experiments sent to .* lost requests \(.*HTTP 500", err), err
+    assert "no profile is fitted" in err and took < QUICK_S and not list(tmp_path.iterdir())
+
+
+def test_validate_url_flags_a_usage_that_disagrees_with_the_chunks(fake: str, tmp_path: Path) -> None:
+    """The server's usage counts 3 completion tokens more than the chunks it sent: the comparison counts those
+    responses (``coalesced``) and its note says their gaps are not the server's steps (it was not flagged)."""
+    out = tmp_path / "out"
+    assert main(["validate", "--url", f"{fake}/miscount/v1", *VALIDATE, "--json", "--out", str(out)]) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["coalesced"]["n"] == comparison["coalesced"]["of"] > 0
+    assert "usage counts completion tokens other than the chunks received" in comparison["note"]

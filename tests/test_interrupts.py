@@ -99,7 +99,8 @@ def test_ctrl_c_on_a_sweep_keeps_what_finished_exits_130_at_once_and_resumes(tmp
 
 def test_ctrl_c_on_a_plan_stops_within_seconds_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    cmd = ["plan", "--model", "llama-3-8b", "--request-rate", "40", "--num-prompts", "3000", "--input-len", "1024",
+    # a plan of a minute or more (3,000 requests took under 6 s once the workers were kept for both rounds)
+    cmd = ["plan", "--model", "llama-3-8b", "--request-rate", "40", "--num-prompts", "30000", "--input-len", "1024",
            "--output-len", "256", "--slo", "ttft_p99_ms=500", "--hardware", "h100-sxm,a100-80g,h200",
            "--tensor-parallel-size", "1,2", "--jobs", "2", "--out", str(out)]  # fmt: skip
     t0 = time.monotonic()

@@ -4,6 +4,7 @@ the real package where it is installed (``ferry[measured]``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from pathlib import Path
@@ -179,10 +180,13 @@ def test_fp8_quantization_and_an_fp8_kv_cache_use_their_own_tables(measured_h100
     assert kt.gemm_format(cm.dtypes, cm.gemm_dtype) == "fp8"
     block = CostModel(load_model("llama-3-8b"), measured_h100, quantization="fp8_block")
     assert kt.gemm_format(block.dtypes, block.gemm_dtype) == "fp8_block" and block.gemm_dtype == "fp8_block"
-    nvfp4 = CostModel(load_model("llama-3-8b"), load_hardware("b200.datasheet"), quantization="nvfp4")
+    checkpoint = dataclasses.replace(load_model("llama-3-8b"), quantization="nvfp4")  # an NVFP4 checkpoint of it
+    nvfp4 = CostModel(checkpoint, load_hardware("b200.datasheet"))
     assert nvfp4.gemm_dtype == "nvfp4" and kt.gemm_format(nvfp4.dtypes, nvfp4.gemm_dtype) == "nvfp4"
-    hopper = CostModel(load_model("llama-3-8b"), load_hardware("h100-sxm.datasheet"), quantization="nvfp4")
+    hopper = CostModel(checkpoint, load_hardware("h100-sxm.datasheet"))
     assert hopper.gemm_dtype == "bfloat16"  # no fp4 rate on an H100: weight-only, in the activations' format
+    with pytest.raises(ValueError, match="only from a checkpoint quantized offline"):  # vLLM makes none at load
+        CostModel(load_model("llama-3-8b"), load_hardware("b200.datasheet"), quantization="nvfp4")
 
 
 # ---- the fit ---------------------------------------------------------------------------------------------------------
@@ -268,8 +272,8 @@ def test_a_system_the_database_lacks_is_one_line(capsys: pytest.CaptureFixture[s
      ("a100-80g", {"model": "llama-2-7b", "tensor_parallel_size": 4})],
 )  # fmt: skip
 def test_both_engines_time_from_the_tables_to_the_last_bit(hardware: str, extra: dict) -> None:
-    from experiments.config import RunConfig
-    from experiments.simulation import run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import run_simulation
 
     fields = {"model": "llama-3-8b", "hardware": hardware, "policy": "chunked", "num_prompts": 200,
               "request_rate": 40.0, "input_len": "lognormal:median=300,sigma=1.0,max=3000",

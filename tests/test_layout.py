@@ -45,6 +45,18 @@ def test_modules_are_of_a_readable_size(path: Path) -> None:
         assert "long" in doc.lower(), f"{path.relative_to(ROOT)} has {lines} lines and no reason in its docstring"
 
 
+SHARED = ("sim/kernels", "sim/kvcache.py", "sim/prefix_cache.py", "sim/state.py", "sim/records.py")
+
+
+@pytest.mark.parametrize("path", [p for p in _modules() if str(p.relative_to(ROOT)).startswith(SHARED)],
+                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+def test_what_both_engines_share_imports_neither_engine(path: Path) -> None:
+    """The kernels written once (``sim.kernels``) and the reference engine's state over them sit below the compiled
+    engine's twin (``sim.compiled``): no arrow from them up into it."""
+    up = sorted(n for n in _imports(path) if n == "sim.compiled" or n.startswith("sim.compiled.") or n == "sim.engine")
+    assert not up, f"{path.relative_to(ROOT)} imports {up}"
+
+
 MOVED = {
     "costmodel.kernels": "costmodel.calibration.kernels",
     "costmodel.calibrate": "costmodel.calibration.harness",
@@ -54,6 +66,11 @@ MOVED = {
     "costmodel.refit": "costmodel.calibration.refit",
     "sim.fast_engine": "sim.compiled.engine",
     "sim.fast_state": "sim.compiled.state",
+    "sim.compiled.jit": "sim.kernels.jit",
+    "sim.compiled.kv": "sim.kernels.kv",
+    "sim.compiled.kvstate": "sim.kernels.kvstate",
+    "sim.compiled.prefix": "sim.kernels.prefix",
+    "sim.compiled.sessions": "sim.kernels.sessions",
     "sim.traces": "sim.workload.traces",
     "sim.lengths": "sim.workload.lengths",
     "experiments.run": "experiments.commands.run",
@@ -61,6 +78,12 @@ MOVED = {
     "experiments.executor": "experiments.real.executor",
     "experiments.paged_vs_static": "experiments.studies.paged_vs_static",
     "experiments.bench": "experiments.studies.bench",
+    "experiments.config": "experiments.runner.config",
+    "experiments.simulation": "experiments.runner.simulation",
+    "experiments.outputs": "experiments.runner.outputs",
+    "experiments.user_code": "experiments.runner.user_code",
+    "experiments.summary_table": "experiments.commands.summary_table",
+    "experiments.sweep_plots": "experiments.sweep.plots",
 }
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.commands.plan import layouts
-from experiments.config import RunConfig
+from experiments.plan.candidates import layouts
 from experiments.plan.search import Candidate
-from experiments.simulation import build_replica, run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica, run_simulation
 
 SMALL = {"num_prompts": 60, "request_rate": 20.0, "input_len": 512, "output_len": 32, "policy": "chunked", "seed": 2}
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.config import RunConfig
-from experiments.plan.search import Candidate, plan_candidate, scaled
+from experiments.plan.search import Candidate, plan_candidate, scaled, simulated, workload_rate
 from experiments.plan.slo import parse_slo, summary_key
-from experiments.simulation import build_workload, run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_workload, run_simulation
 
 BASE = RunConfig.model_validate(
     {
@@ -51,6 +51,53 @@ def test_a_higher_rate_never_needs_fewer_gpus(plan, workload) -> None:  # noqa: 
                               single_rate=plan.single_replica_rate)  # fmt: skip
         gpus.append(more.gpus)
     assert gpus == sorted(gpus) and gpus[-1] > gpus[0], gpus
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The search's simulations from here on, one entry each."""
+    import experiments.plan.search as search
+
+    runs: list[int] = []
+    real = search.run_simulation
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search, "run_simulation", counted)
+    return runs
+
+
+def test_a_run_the_search_asks_for_twice_is_run_once(workload, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """At a tenth of the rate one replica is enough: the count's search asks for the run at the target rate that
+    the rate search made; it is recorded twice and run once, and it is what running it again gives."""
+    light = scaled(workload, 0.1)
+    runs = _counting(monkeypatch)
+    result = plan_candidate(H100, BASE, light, SLO, router="least_requests")
+    asked = [(e.replicas, e.rate) for e in result.evaluations]
+    assert result.replicas == 1 and len(runs) == len(set(asked)) < len(asked)
+    target = workload_rate(light)
+    twice = [e for e in result.evaluations if (e.replicas, e.rate) == (1, target)]
+    assert len(twice) == 2 and twice[0] == twice[1]
+    config = H100.config(BASE, 1, "least_requests", 0).model_copy(update={"goodput": SLO.thresholds()})
+    summary = run_simulation(config, workload=light, detail=False).summary
+    assert twice[0].summary == {k: summary.get(k) for k in twice[0].summary}
+
+
+def test_a_curve_point_reuses_the_candidates_own_simulations(plan, workload, monkeypatch) -> None:  # noqa: ANN001
+    """A plan of the candidate at a lower rate (a point of plan.png's curve) asks for a run the candidate's rate
+    search made (one replica at a rate below the target it began with): given the first plan's simulations, it runs
+    fewer and plans exactly what it plans without them."""
+    target = workload_rate(workload)
+    below = [e.rate for e in plan.evaluations if e.replicas == 1 and e.rate < target]
+    assert below  # one replica misses the SLO at the target, and the rate search went down
+    light = scaled(workload, below[0] / target)
+    alone = plan_candidate(H100, BASE, light, SLO, "least_requests", single_rate=plan.single_replica_rate)
+    runs = _counting(monkeypatch)
+    reused = plan_candidate(H100, BASE, light, SLO, "least_requests", single_rate=plan.single_replica_rate,
+                            known=simulated(plan, workload))  # fmt: skip
+    assert reused.to_json() == alone.to_json()
+    assert len(runs) < len(alone.evaluations)
 
 
 def test_a_one_replica_plan_agrees_with_ferry_run(workload, tmp_path: Path) -> None:  # noqa: ANN001

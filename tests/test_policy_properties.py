@@ -14,6 +14,7 @@ from sim.kvcache import KVCacheManager, TransferredKV
 from sim.metrics import request_frame
 from sim.prefix_cache import PrefixCachingKV
 from sim.request import Reason, RequestTable, Status
+from sim.speculation import Speculation, dense_schedule
 from sim.workload import Workload
 from sim.workload.prefixes import grouped
 from sim.workload.sessions import multi_turn
@@ -214,3 +215,84 @@ def test_the_compiled_engine_gives_the_reference_records_to_the_last_bit(sc: dic
         assert kv_fast.evictable == kv_ref.evictable and not kv_fast.refcount
     # every request ends, a conversation's turns included
     assert set(np.unique(reqs.status)) <= {Status.FINISHED, Status.REJECTED}
+
+
+@st.composite
+def speculative(draw: st.DrawFn) -> dict:
+    """A featured scenario of the policies that schedule speculative decoding (vLLM V1's: chunked, continuous mixing
+    prefills and decodes), with a drafter drawn on top: its draft count, lookahead slots (EAGLE-like, draft model, or
+    none: n-gram), a draft model's input slot, a schedule by batch size, the cached block dropped, its rates."""
+    sc = draw(featured())
+    cfg = sc["config"]
+    if cfg.policy not in ("chunked", "continuous") or sc["sent"]:
+        cfg = cfg.model_copy(update={"policy": "chunked", "max_num_batched_tokens": draw(st.integers(2, 64))})
+        cfg = cfg.model_copy(update={"max_num_seqs": min(cfg.max_num_seqs or 8, cfg.max_num_batched_tokens)})
+        sc["sent"] = False
+    sc["config"] = cfg.model_copy(update={"chunked_order": "vllm", "mix_prefill_decode": True, "kv_reservation": None})
+    k = draw(st.integers(1, 4))
+    slots = draw(st.sampled_from([0, 0, 1]))
+    schedule = draw(st.sampled_from([None, [(1, 2, k), (3, 8, max(k - 2, 0))], [(1, 1, 0), (2, 8, k)]]))
+    rates = sorted(draw(st.lists(st.sampled_from([0.0, 0.3, 0.7, 0.9, 1.0]), min_size=k, max_size=k)), reverse=True)
+    sc["spec"] = Speculation(
+        "eagle", k, np.array(rates), seed=draw(st.integers(0, 99)), lookahead=draw(st.sampled_from([0, k])),
+        draft_slots=slots, drop_cached_block=draw(st.booleans()),
+        per_batch=None if schedule is None else dense_schedule(schedule, 8, k),
+    )  # fmt: skip
+    return sc
+
+
+def _speculative_simulate(sc: dict, engine: str):  # noqa: ANN202
+    spec = sc["spec"]
+    w = Workload(np.asarray(sc["arrivals"], dtype=float), np.asarray(sc["prompts"], dtype=np.int64),
+                 np.asarray(sc["outputs"], dtype=np.int64))  # fmt: skip
+    if sc["prefix"]:
+        rng = np.random.default_rng(sc["seed"])
+        w = Workload(w.arrival_s, w.prompt_tokens + sc["prefix"], w.output_tokens,
+                     prefixes=grouped(len(w), sc["prefix"], sc["groups"], rng))  # fmt: skip
+    reqs = RequestTable(w.arrival_s, w.prompt_tokens, w.output_tokens)
+    blocks, size = sc["kv_blocks"], sc["block_size"]
+    if sc["caching"]:
+        kv: KVCacheManager = PrefixCachingKV(blocks, size, w, sc["watermark"], drop_last_block=spec.drop_cached_block)
+    else:
+        kv = KVCacheManager(blocks, size, len(w), watermark=sc["watermark"])
+    cfg = sc["config"]
+    records = simulate(reqs, policies.get(cfg), LinearTimer(0.01, 1e-3, 1e-5), kv, cfg.max_model_len, engine=engine,
+                       stream=sc["stream"], record_batches=True, spec=spec)  # fmt: skip
+    return reqs, kv, records
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(speculative())
+def test_speculative_decoding_keeps_the_invariants_on_both_engines_to_the_last_bit(sc: dict) -> None:
+    reqs, kv_ref, reference = _speculative_simulate(sc, "reference")
+    _, kv_fast, fast = _speculative_simulate(sc, "compiled")
+    assert fast.engine == "compiled" and reference.engine == "reference"
+    assert request_frame(fast).equals(request_frame(reference))
+    assert fast.iterations.to_frame().equals(reference.iterations.to_frame())
+    assert np.array_equal(fast.itl.values(), reference.itl.values())
+    assert fast.batches.to_frame().equals(reference.batches.to_frame())
+    assert fast.prefix_cache == reference.prefix_cache
+    assert np.array_equal(fast.speculation, reference.speculation)
+    assert (kv_fast.held == kv_ref.held).all() and kv_fast.used == kv_ref.used == 0
+    # every request ends; a finished one made exactly its tokens, the accepted drafts among them
+    cfg = sc["config"]
+    assert set(np.unique(reqs.status)) <= {Status.FINISHED, Status.REJECTED}
+    done = reqs.status == Status.FINISHED
+    assert (reqs.generated[done] == reqs.output_wanted[done]).all()
+    assert (reqs.accepted_tokens <= reqs.draft_tokens).all() and (reqs.drafts == 0).all()
+    # the iterations computed what the caches hold (less what a prefix cache found), what preemption dropped and the
+    # rejected drafts rolled back
+    it, b = reference.iterations, reference.batches.to_frame()
+    scheduled = it.column("prefill_tokens").sum() + it.column("decode_seqs").sum() + it.column("draft_tokens").sum()
+    rejected = int((reqs.draft_tokens - reqs.accepted_tokens).sum())
+    assert scheduled == b.tokens.sum()
+    if not sc["caching"]:
+        assert scheduled == reqs.computed.sum() + reqs.recomputed.sum() + rejected
+    # limits: a draft model's slot counts in the budget, as vLLM's input budget charges it
+    tokens = b.groupby("iteration").tokens.sum().to_numpy()
+    seqs = b.groupby("iteration").size().to_numpy()
+    assert (tokens + sc["spec"].draft_slots * seqs <= cfg.token_budget).all()
+    assert (seqs <= cfg.seq_limit).all()
+    assert (b.context + b.tokens < cfg.max_model_len).all()  # a sample always fits max_model_len
+    assert (it.column("kv_blocks_used") <= sc["kv_blocks"]).all()
+    assert reference.speculation[0] == int((b.drafts > 0).sum())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from experiments.real.client import Prompts, Stream
-from experiments.real.probe import WINDOW, decode_rows, mixed_rows, ttft_row
 from experiments.real.probe_design import KINDS, ProbePlan, design
+from experiments.real.probe_rows import WINDOW, decode_rows, mixed_rows, ttft_row
 
 
 def stream(sent: float, chunks: list[float], prompt: int, usage: bool = True) -> Stream:

@@ -42,13 +42,13 @@ def _error(capsys: pytest.CaptureFixture, *args: str) -> str:
         (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0:"),
         (["--router", "nearest"], "--router 'nearest': unknown router"),  # one replica would do: checked anyway
         (["--router", "os:system"], "router 'os:system' is a builtin_function_or_method, not a router"),
-        (["--router", "prefix_affinity"], "give --enable-prefix-caching"),
+        (["--router", "prefix_affinity", "--no-enable-prefix-caching"], "give --enable-prefix-caching"),
         (["--request-rate", "inf"], "arrivals all fall at one instant"),
         (["--hardware", "h100-sxm,h100-sxn"], "unknown hardware 'h100-sxn'"),
         (["--policy", "chunky"], "--policy 'chunky': unknown policy"),
         (["--disagg-ratios="], "--disagg-ratios: empty list"),
         (["--disagg-ratios", "1:1", "--policy", "static"], "disaggregated pools run continuous or chunked"),
-        (["--slo", "ttft_p99_ms=100", "p99_ttft_ms=5000"], "p99_ttft_ms is limited twice"),
+        (["--slo", "ttft_p99_ms=100", "p99_ttft_ms=5000"], "one limit with two values; give it once"),
         (["--min-goodput", "0.9", "--goodput", "ttft:100", "ttft:900"], "ttft is given twice"),
     ],
 )  # fmt: skip
@@ -92,10 +92,11 @@ def test_a_dropped_candidate_has_a_one_line_reason(tmp_path: Path, capsys: pytes
         (["--think-time", "5"], "think_time_s=5 is the pause between the turns of a conversation; give --turns 2"),
         (["--turns", "1", "--think-time", "5"], "think_time_s=5"),
         (["--num-prefix-groups", "4"], "num_prefix_groups=4 counts shared prompts of --prefix-len tokens"),
-        (["--replicas", "2", "--router", "prefix_affinity"], "give --enable-prefix-caching"),
+        (["--replicas", "2", "--router", "prefix_affinity", "--no-enable-prefix-caching"],
+         "give --enable-prefix-caching"),
         (["--goodput", "ttft:100", "ttft:200"], "--goodput 'ttft:200': ttft is given twice"),
     ],
-)
+)  # fmt: skip
 def test_run_refuses_settings_that_cannot_apply(
     tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], expected: str
 ) -> None:

@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.config import RunConfig
-from experiments.simulation import build_replica, run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica, run_simulation
 from policies.config import SchedulerConfig
 from policies.vllm_defaults import engine_defaults
 from sim.metrics import parse_goodput, request_frame, summarize
@@ -117,6 +117,7 @@ def test_given_limits_win_and_unchunked_budget_covers_max_model_len() -> None:
         "max_num_seqs",
         "scheduler_reserve_full_isl",
         "kv_watermark",
+        "enable_prefix_caching",  # on in V1 unless given
     )
     a100 = build_replica(
         RunConfig.model_validate(base | {"hardware": "a100-80g", "policy": "continuous", "max_model_len": 4096})

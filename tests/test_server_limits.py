@@ -33,11 +33,11 @@ for _module in ("starlette", "uvicorn", "httpx"):  # torch too, where `ferry ser
 
 import httpx  # noqa: E402
 
-from experiments.config import RunConfig  # noqa: E402
 from experiments.explore.app import LARGE_WAITING, RETRY_AFTER_S, build_app  # noqa: E402
 from experiments.explore.payload import Explorer, Settings  # noqa: E402
 from experiments.http_limits import DEFAULT_MAX_REQUEST_BODY_BYTES  # noqa: E402
 from experiments.real import server as api  # noqa: E402
+from experiments.runner.config import RunConfig  # noqa: E402
 from sim.workload import Workload  # noqa: E402
 from tests.helpers import serving  # noqa: E402
 

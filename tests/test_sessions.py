@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.config import RunConfig
-from experiments.simulation import build_workload, run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_workload, run_simulation
 from sim.metrics import request_frame
 from sim.request import Reason, Status
 
@@ -41,7 +41,7 @@ def test_the_cache_spares_what_the_turn_before_computed() -> None:
     blocks = np.minimum(computed_before // 16, (w.prompt_tokens[later] - 1) // 16)
     np.testing.assert_array_equal(r.cached[later], blocks * 16)  # a cache this large evicts nothing
     assert result.summary["prefix_cache_evictions"] == 0
-    off = run_simulation(RunConfig.model_validate(BASE)).summary
+    off = run_simulation(RunConfig.model_validate(BASE | {"enable_prefix_caching": False})).summary
     assert result.summary["mean_ttft_ms"] < 0.8 * off["mean_ttft_ms"]
 
 

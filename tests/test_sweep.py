@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from experiments.cli import main
 from experiments.sweep.spec import SweepSpec, combinations, expand, load_spec
@@ -81,6 +82,48 @@ def test_a_failing_point_is_stored_with_its_error(tmp_path: Path) -> None:
     assert (table[table.hardware == "a100-80g"].status == "ok").all()
 
 
+OVERLOADING = """base: {model: llama-3-8b, hardware: a100-80g, policy: chunked, num_prompts: 60, input_len: 256,
+       output_len: 16}
+grid:
+  request_rate: [2, 20, 200]
+  max_num_seqs: [4, 16]
+"""
+
+
+def test_overloaded_points_are_marked_counted_and_said(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Each point's ``overloaded`` is `ferry run`'s own test on that point's run (its summary's ``overload``), with
+    the rate it sustains; the sweep says how many there were and what to do, and sweep.json counts them."""
+    from experiments.runner.simulation import run_simulation
+
+    table = _sweep(tmp_path, "hot", "--jobs", "1", spec=OVERLOADING)
+    assert (table.status == "ok").all() and table.overloaded.dtype == bool
+    for point in expand(SweepSpec.model_validate(yaml.safe_load(OVERLOADING))):
+        assert point.config is not None
+        info = run_simulation(point.config).summary["overload"]
+        row = table[table.hash == point.hash].iloc[0]
+        assert row.overloaded == bool(info)
+        assert row.sustained_rate == pytest.approx(info["sustained_rate"]) if info else pd.isna(row.sustained_rate)
+    hot = int(table.overloaded.sum())
+    by_rate = table.groupby("request_rate").overloaded.sum()
+    assert by_rate[2] == 0 and by_rate[200] == 2 and 0 < hot < len(table)  # the low rate keeps up, the highest not
+    err = capsys.readouterr().err
+    assert f"ferry sweep: {hot} of {len(table)} points overloaded" in err and "lower request_rate" in err
+    assert json.loads((tmp_path / "hot" / "sweep.json").read_text())["overloaded"] == hot
+
+
+def test_a_capacity_the_slo_does_not_bound_is_flagged(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A TPOT limit alone bounds no wait: the rate search climbs to where the queue grows without end, and the
+    sweep says that this rate is not a capacity."""
+    spec = """base: {model: llama-3-8b, hardware: a100-80g, policy: chunked, num_prompts: 60, input_len: 256,
+       output_len: 16, request_rate: 4, max_num_seqs: 16}
+mode: max_rate
+slo: {tpot_p99_ms: 100}
+"""
+    table = _sweep(tmp_path, "cap", "--jobs", "1", spec=spec)
+    assert table.overloaded.all() and (table.sustained_rate < table.max_rate).all()
+    assert "1 of 1 points overloaded at the highest rate meeting the SLO" in capsys.readouterr().err
+
+
 def test_a_killed_sweep_resumes_without_recomputing(tmp_path: Path) -> None:
     spec = tmp_path / "big.yaml"
     spec.write_text(
@@ -142,3 +185,41 @@ def test_the_sarathi_example_holds_without_the_shared_traces(tmp_path: Path) -> 
     ratio = t.loc[("chunked", 512), "max_rate"] / t.loc[("continuous", 8192), "max_rate"]
     assert ratio > 1.5, ratio
     assert t.loc[("chunked", 512), "p99_itl_ms"] <= 100 and t.loc[("chunked", 512), "median_queueing_ms"] <= 2000
+
+
+WARMED = 0  # in a worker of the pool below: how many times it was warmed
+
+
+def _warm() -> None:
+    global WARMED
+    WARMED += 1
+
+
+def _pid_and_warmed(_: int) -> tuple[int, int]:
+    return os.getpid(), WARMED
+
+
+def test_a_pool_warms_each_worker_once_and_keeps_it_for_every_round() -> None:
+    from experiments import workers
+
+    with workers.Pool(2, _warm) as pool:
+        first = pool.ordered(_pid_and_warmed, range(6))
+        second = pool.ordered(_pid_and_warmed, range(6))
+    assert len({pid for pid, _ in first + second}) <= 2
+    assert all(warmed == 1 for _, warmed in first + second)
+
+
+def test_the_engine_warm_up_runs_every_built_in_policy_and_skips_user_code() -> None:
+    """A worker swallows a failing warm-up (its first job pays instead), so it is checked here, in this process."""
+    from experiments import workers
+    from policies.config import BUILTIN_POLICIES
+
+    workers.warm_engine([*BUILTIN_POLICIES, "my_policies:Mine"])
+
+
+def test_a_sweep_whose_every_point_fails_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("base: {num_prompts: 20}\ngrid:\n  tensor_parallel_size: [3, 5]\n")  # heads do not split in 3, 5
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "s"), "--jobs", "1"]) == 3
+    assert "no point ran" in capsys.readouterr().err
+    assert (tmp_path / "s" / "results.parquet").exists()

@@ -1,4 +1,4 @@
-"""`ferry plot` and experiments.sweep_plots: every figure of a sweep's results.parquet is written as a slide-size PNG
+"""`ferry plot` and experiments.sweep.plots: every figure of a sweep's results.parquet is written as a slide-size PNG
 and an SVG from the ok runs only, the Pareto front is the set of runs nothing beats, and a missing column or a table
 without ok runs is a one-line error naming what is there."""
 
@@ -13,10 +13,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
-from experiments import sweep_plots
 from experiments.commands import plot
+from experiments.sweep import plots as sweep_plots
 
 POLICIES = ("continuous", "chunked")
 SEQS = (64, 128, 256)
@@ -135,6 +136,90 @@ def test_pareto_figure(sweep: Path, tmp_path: Path) -> None:
     assert_figures(sweep_plots.pareto(table, color="max_num_seqs", out=tmp_path / "numbers.png"))
     front = sweep_plots.pareto_front(table, "p99_tpot_ms", "output_throughput")
     assert (front["status"] == "ok").all() and front["output_throughput"].max() < 1e6
+
+
+def test_an_overloaded_run_is_never_on_the_pareto_front() -> None:
+    """c would beat every run, but it was overloaded (its latency measures the trace's length): a and b make the
+    front; a table from before the column was kept treats every run as valid."""
+    table = pd.DataFrame({"status": ["ok"] * 3, "lat": [10.0, 20.0, 5.0], "tput": [100.0, 300.0, 1000.0],
+                          "overloaded": [False, False, True]})  # fmt: skip
+    assert list(sweep_plots.pareto_front(table, "lat", "tput").index) == [0, 1]
+    assert list(sweep_plots.pareto_front(table.drop(columns="overloaded"), "lat", "tput").index) == [2]
+    assert sweep_plots.pareto_front(table.assign(overloaded=True), "lat", "tput").empty
+
+
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """The figures the plotting functions draw, kept instead of written."""
+    figures: list[Figure] = []
+    monkeypatch.setattr(sweep_plots, "_save", lambda fig, out: figures.append(fig) or [])
+    return figures
+
+
+def hot_results(mode: str = "run") -> pd.DataFrame:
+    """``make_results`` with the runs near and beyond the made-up knee (load >= 0.8) marked overloaded."""
+    table = make_results(mode)
+    load = table["request_rate"] / (6.0 + table["max_num_seqs"] / 64 + 2.0 * (table["policy"] == "chunked"))
+    table["overloaded"] = (load >= 0.8) & (table["status"] == "ok")
+    table["sustained_rate"] = (table["request_rate"] / load.clip(lower=1.0)).where(table["overloaded"])
+    return table
+
+
+def test_the_figures_mark_overloaded_runs_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = drawn(monkeypatch)
+    table = hot_results()
+    ok = table[table.status == "ok"]
+    hot = ok[ok.overloaded]
+    assert 0 < len(hot) < len(ok)
+    sweep_plots.pareto(table, color="policy")
+    (ax,) = figures[-1].axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sweep_plots.OVERLOADED + ", off the front" in labels
+    crossed = next(c for c in ax.collections if c.get_label().startswith(sweep_plots.OVERLOADED))
+    assert sorted(map(tuple, crossed.get_offsets())) == sorted(zip(hot.p99_tpot_ms, hot.output_throughput, strict=True))
+    front = next(line for line in ax.lines if line.get_label() == "Pareto front")
+    assert not set(front.get_xdata()[:-1]) & set(hot.p99_tpot_ms)  # its last point: the step to the right edge
+    valid = sweep_plots.pareto_front(table.drop(columns="overloaded"), "p99_tpot_ms", "output_throughput")
+    assert valid.index.intersection(hot.index).size  # without the column they would be on it
+    # a heatmap cell with overloaded runs is hatched; the share of them per cell is the data behind it
+    share = sweep_plots.heatmap_overloaded(table, "p99_ttft_ms", "request_rate", "max_num_seqs")
+    expected = hot_results().query("status == 'ok'").groupby(["max_num_seqs", "request_rate"]).overloaded.mean()
+    assert share.loc["64", "8"] == pytest.approx(expected[(64, 8.0)]) and share.loc["64", "1"] == 0
+    sweep_plots.heatmap(table, "p99_ttft_ms", "request_rate", "max_num_seqs")
+    hatched = [p for p in figures[-1].axes[0].patches if p.get_hatch()]
+    assert len(hatched) == int((share > 0).sum().sum())
+    assert sweep_plots.OVERLOADED in figures[-1].legends[0].get_texts()[0].get_text()
+    # latency against rate: the rates where a run was overloaded are crossed out, in the legend
+    sweep_plots.latency_rate(table)
+    ax = figures[-1].axes[0]
+    assert sweep_plots.OVERLOADED in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_a_sweep_all_overloaded_draws_no_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = drawn(monkeypatch)
+    table = make_results().assign(overloaded=lambda t: t.status == "ok")
+    sweep_plots.pareto(table)
+    ax = figures[-1].axes[0]
+    assert not any(line.get_label() == "Pareto front" for line in ax.lines)
+    assert "0 on the Pareto front (48 overloaded, left out of it)" in figures[-1].get_suptitle()
+
+
+def test_capacity_counts_the_runs_overloaded_at_their_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = drawn(monkeypatch)
+    table = make_results("max_rate")
+    table["overloaded"] = (table.policy == "continuous") & (table.max_num_seqs == 64) & (table.status == "ok")
+    stats = sweep_plots.capacity_table(table).set_index("configuration")
+    assert stats.loc["policy=continuous, max_num_seqs=64", "overloaded"] == 8 and stats.overloaded.sum() == 8
+    sweep_plots.capacity(table)
+    ax = figures[-1].axes[0]
+    assert len([p for p in ax.patches if p.get_hatch()]) == 1
+    assert sweep_plots.OVERLOADED in figures[-1].legends[0].get_texts()[0].get_text()
+
+
+def test_cli_pareto_says_how_many_runs_it_left_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = write_results(tmp_path / "hot", hot_results(), SWEPT)
+    assert run_cli(folder, "--kind", "pareto") == 0
+    hot = int(hot_results().overloaded.sum())
+    assert f"; {hot} overloaded runs left out, crossed out in the figure):" in capsys.readouterr().out
 
 
 # ---- the other figures ------------------------------------------------------------------------------------------

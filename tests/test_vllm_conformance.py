@@ -2,8 +2,10 @@
 
 The cases are seeded (``experiments.vllm_check.cases``): chunked prefill, KV pressure and recompute preemption,
 ``scheduler_reserve_full_isl`` on and off, ``long_prefill_token_threshold`` and its adaptive form, few seats, prefix
-caching with shared prefixes and eviction, conversations, and V1 with chunked prefill off. They need the vLLM venv
-(``make vllm-venv``, which ``make test`` builds); without it they skip, unless ``FERRY_REQUIRE_VLLM=1`` (CI).
+caching with shared prefixes and eviction, conversations, and V1 with chunked prefill off; and speculative decoding
+on top of them (each drafter, its drafts' acceptance drawn, placeholders, a draft count by batch size). They need the
+vLLM venv (``make vllm-venv``, which ``make test`` builds); without it they skip, unless ``FERRY_REQUIRE_VLLM=1``
+(CI).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import pytest
 from costmodel.memory import MemoryPlan
 from experiments.vllm_check.cases import KINDS, generate
 from experiments.vllm_check.conformance import FEATURES, compare
+from sim.state import SchedulerState
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm"
-CASES = 240  # 30 of each kind
+CASES = 360  # 20 of each kind (9 without speculative decoding, 9 with it)
 
 if not (VENV / "bin" / "python").exists():
     if os.environ.get("FERRY_REQUIRE_VLLM") == "1":
@@ -47,6 +50,17 @@ def test_the_check_finds_a_divergence_and_shows_the_step(monkeypatch: pytest.Mon
     assert report.differences
     first = report.differences[0]
     assert "differs at step" in first and "\n  ferry: scheduled [" in first and "\n  vLLM:  scheduled [" in first
+
+
+def test_the_check_finds_rejected_drafts_not_rolled_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculative decoding's rule that a step's rejected drafts leave the computed tokens
+    (``num_computed_tokens -= num_rejected``): leave them in, and the check must name the step where it shows."""
+    monkeypatch.setattr(SchedulerState, "roll_back", lambda self, ids, rejected: None)
+    spec = [c for c in generate(2 * len(KINDS), seed=0) if c.name.endswith(("-spec", "-spec_pressure"))]
+    report = compare(spec, VENV)
+    assert report.differences
+    first = report.differences[0]
+    assert "differs at step" in first and "+" in first.split("ferry: ")[1]  # a step verifying drafts
 
 
 def test_cases_are_seeded() -> None:

@@ -6,18 +6,19 @@ every length to its budget (`VllmServer.warm_up`).
 
 What must hold: the probe reads the server's limits where vLLM states them (`/server_info`, with its development
 endpoints on) and says it does not know them where it does not (vLLM's defaults: its card and `/metrics` state neither
-limit), never guessing; it fits the engine's time per step beyond the base profile's kernels (`per_iteration_s`), most
-of a decode step here, and that profile predicts the gaps it was fitted on and, as `--hardware`, the decode step;
-`ferry validate --url` of a trace the probe never sent then has its median ITL, and its median TTFT with the request
-handling the probe measured, within ITL_BOUND and TTFT_BOUND of the server's. Repeated runs of the study on this
-2-core machine (README, "Checked against vLLM") put the wide preset's median ITL within 10% and its TTFT within 30%;
-one run here is one draw from that spread, so the bounds leave it room.
+limit), never guessing; it fits the engine's time per step beyond the base profile's kernels (`per_iteration_s`), a
+share of a decode step that depends on the CPU, and that profile predicts the gaps it was fitted on and, as
+`--hardware`, the decode step; `ferry validate --url` of a trace the probe never sent then has its median ITL, and its
+median TTFT with the request handling the probe measured, within ITL_BOUND and TTFT_BOUND of the server's. Repeated
+runs of the study on this 2-core machine (docs/checks/vllm-serve.md) put the wide preset's median ITL within 10%
+and its TTFT within 30%; one run here is one draw from that spread, so the bounds leave it room.
 
 Should the server still hold tokens back and send them at once (a client starved on a loaded machine), what must hold
 is that ferry says so: the probe's check of its fit warns that its ITL is not to be trusted, with the requests held
 back counted, and validate counts the responses that came in one burst; the bounds are then not asserted.
 
-Skips (with the reason) when ROOT/.venv-vllm is missing, unless FERRY_REQUIRE_VLLM=1 (CI), where it fails. ~110 s.
+Skips (with the reason) when ROOT/.venv-vllm is missing, unless FERRY_REQUIRE_VLLM=1 (CI), where it fails. ~4 min
+on a CPU with AVX-512, ~15 min on an AVX2-only one (its probe stops at its 300 s budget).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ if not (DEFAULT_VENV / "bin" / "python").exists():
         raise RuntimeError(f"FERRY_REQUIRE_VLLM=1 but {why}")
     pytest.skip(why, allow_module_level=True)
 
+# prompts up to 512 tokens: on a CPU without AVX-512 a step of this model's bf16 kernels is several times slower than
+# with it, and 16 prompts of 2,048 tokens would not see a first token within the probe's timeout
 PROBE = ["--decode-tokens", "48", "--max-concurrency", "16", "--batch-sizes", "2,4,8,16", "--repeats", "2",
-         "--budget-s", "120"]  # fmt: skip
+         "--max-prompt", "512", "--budget-s", "300"]  # fmt: skip
 TRACE = ["--num-prompts", "40", "--request-rate", "4", "--input-len", "uniform:32:384", "--output-len",
          "uniform:16:96", "--seed", "7"]  # fmt: skip
 PRESET = "wide"  # the wider model: ~10 ms steps, which this machine's timing noise moves less than the tiny one's 3 ms
@@ -87,8 +90,9 @@ def test_probe_learns_the_limits_and_fits_the_host_time_per_step(server: VllmSer
     if untrusted(report):  # a loaded machine: the server held tokens back, and the probe says not to trust it
         return
     assert report["notes"] == [], report["notes"]  # limits known, and the fit passed its own check
-    # on this CPU most of a decode step is the engine's host time, not the model's kernels
-    assert 0.5 < host["host_share_of_decode_step"] < 1.0, host
+    # the engine's host time is a real part of a decode step; how large depends on the CPU (93% of it with AVX-512,
+    # where the kernels are fast; 27-39% on an AVX2-only one, whose bf16 kernels are slow), so only its range is held
+    assert 0.05 < host["host_share_of_decode_step"] < 1.0, host
     assert host["fitted_gap_error"]["median"] < FITTED_GAPS, host
     assert errors["decode"]["median"] < 0.25, errors
     # the profile carries it: a decode step as `ferry run --hardware` times it is the one measured
@@ -98,10 +102,13 @@ def test_probe_learns_the_limits_and_fits_the_host_time_per_step(server: VllmSer
     one = cost.iteration_time(IterationShape.of(decode=[(1, 128)]))
     assert abs(one / host["decode_step_s"] - 1) < 0.25, (one, host["decode_step_s"])
     settings = hw.provenance.settings or {}
-    assert float(settings["client_s"]) > 0  # one handling time per load: light (2 running) and heavy (16)
+    # one handling time per load: idle, light (2 running) and heavy (15). Idle and light, a few ms, may fit as none
+    # where a prompt chunk's kernels take a hundred (an AVX2-only CPU); into 15 running decodes it is tens of ms
+    assert float(settings["client_s"]) >= 0
     busy = [float(t) for t in str(settings["client_busy_s"]).split(",")]
     seqs = [int(n) for n in str(settings["client_busy_seqs"]).split(",")]
-    assert len(busy) == len(seqs) >= 1 and all(t > 0 for t in busy) and all(n > 0 for n in seqs)
+    assert len(busy) == len(seqs) >= 1 and all(t >= 0 for t in busy) and all(n > 0 for n in seqs)
+    assert busy[seqs.index(max(seqs))] > 0, (busy, seqs)
 
 
 def untrusted(report: dict) -> bool:
@@ -126,7 +133,7 @@ def test_validate_url_of_a_held_out_trace_matches_the_server(server: VllmServer,
         itl, ttft = comparison["streamed"]["median_itl_ms"], comparison["streamed"]["median_ttft_ms"]
     else:
         itl, ttft = comparison["metrics"]["median_itl_ms"], comparison["with_handling"]["median_ttft_ms"]
-    assert comparison["client_handling_ms"] > 0
+    assert comparison["client_handling_ms"] >= 0 and comparison["client_busy_handling_ms"] > 0
     report = json.loads(probed.with_name("vllm.probe.json").read_text())
     if held["of"] - held["n"] < MIN_STREAMED or untrusted(report):  # nothing to compare: a loaded machine
         return

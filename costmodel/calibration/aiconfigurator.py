@@ -17,25 +17,12 @@ import pandas as pd
 
 from costmodel import kerneldb
 from costmodel.calibration.vidur import COLUMNS
-from costmodel.kerneldb import FRAMEWORKS, current_version, data_root
+from costmodel.kerneldb import FRAMEWORKS, SYSTEMS, current_version, data_root
 from costmodel.model_spec import ModelSpec, load_model
 
 __all__ = ["FRAMEWORKS", "SYSTEMS", "Tables", "current_version", "data_root", "load_measured", "read_tables"]
 
 PACKAGE = kerneldb.PACKAGE
-# the database's systems -> ferry's device: its profile fitted to them is the device's name (vLLM's kernels),
-# NAME.sglang and NAME.trtllm; its datasheet profile NAME.datasheet
-SYSTEMS = {
-    "a100_sxm": "a100-80g",
-    "h100_sxm": "h100-sxm",
-    "h200_sxm": "h200",
-    "b200_sxm": "b200",
-    "b300_sxm": "b300",
-    "gb200": "gb200",
-    "gb300": "gb300",
-    "l40s": "l40s",
-    "rtx_pro_6000_server": "rtx-pro-6000",
-}
 # the shapes the rows are taken for: ferry's built-in dense models, each at the tensor parallelisms its heads allow
 MODELS = ("llama-3-8b", "llama-2-7b", "qwen2.5-7b", "llama-3-70b")
 TPS = (1, 2, 4, 8)

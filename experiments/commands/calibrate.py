@@ -45,6 +45,7 @@ from costmodel.calibration.profile import FitResult, fit_profile, format_errors
 from costmodel.hardware import HardwareProfile, builtin_hardware, load_hardware, save_hardware
 from costmodel.model_spec import ModelSpec, load_model
 from costmodel.roofline import CostModel
+from experiments.runner import outputs
 
 # datasheet profiles of the GPUs torch may report: (words all in the device name, profile); a name that contains
 # another's words comes first ("GB200" before "B200", "L40S" before "L4")
@@ -195,6 +196,7 @@ def handle(args: argparse.Namespace) -> int:
     if not args.model:
         raise ValueError("give at least one --model to measure (or --from-measurements FILE_OR_DIR)")
     out: Path = args.out
+    outputs.check_file(out)  # before the measurements, not after them
     raw_path = raw_path_of(out)
     result, raw = calibrate(
         models=args.model,
@@ -357,6 +359,7 @@ def _refit(args: argparse.Namespace) -> int:
 
     source: Path = args.from_measurements
     out: Path = args.out
+    outputs.check_file(out)  # before the fit, not after it
     name = args.name or out.stem
     if source.is_dir():
         report = refit.fit_vidur(source, hardware=args.hardware, models=args.model, name=name)

@@ -18,6 +18,7 @@ from costmodel.calibration.iterations import fit_iterations, read_iterations
 from costmodel.calibration.profile import format_errors
 from costmodel.hardware import load_hardware, save_hardware
 from costmodel.model_spec import load_model
+from experiments.runner import outputs
 
 
 def from_iterations(args: argparse.Namespace) -> int:
@@ -29,6 +30,7 @@ def from_iterations(args: argparse.Namespace) -> int:
         )
     source: Path = args.from_iterations
     out: Path = args.out
+    outputs.check_file(out)
     frame = read_iterations(source)
     spec = load_model(args.model[0])
     dtype = args.dtype or spec.torch_dtype

@@ -17,17 +17,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from costmodel import kerneldb
 from costmodel.calibration.aiconfigurator import SYSTEMS
 from costmodel.calibration.measured import fit_database, format_errors
-from costmodel.hardware import load_hardware, save_hardware
+from costmodel.hardware import builtin_hardware, load_hardware, save_hardware
+from experiments.runner import outputs
 
 
 def from_database(args: argparse.Namespace) -> int:
     system: str = args.from_aiconfigurator
     out: Path = args.out
+    outputs.check_file(out)  # before the fit, not after it
+    known = kerneldb.systems()
+    if system not in known:  # the database's systems, not ferry's profiles
+        raise ValueError(f"--from-aiconfigurator {system}: the database has no such system ({', '.join(known)})")
     base = args.base or f"{SYSTEMS.get(system, system)}.datasheet"
     if base.lower() == "none":
         raise ValueError("--from-aiconfigurator needs --base: the datasheet profile whose device rates anchor the fit")
+    if args.base is None and base not in builtin_hardware():
+        raise ValueError(
+            f"--from-aiconfigurator {system}: ferry has no datasheet profile of this device ({base}) to anchor the "
+            "fit; give --base PROFILE.yaml, a datasheet profile of its rates (memory, bandwidth, peak FLOP/s, link)"
+        )
     fitted = fit_database(
         system,
         args.framework,

@@ -23,7 +23,7 @@ from pathlib import Path
 VIDUR = "https://raw.githubusercontent.com/microsoft/vidur/7d47513363ec447a741ac5e47241580b47724fbf/"
 SARATHI = "https://raw.githubusercontent.com/microsoft/sarathi-serve/72339db5b120614033b317880ad3a05a5e4c9415/"
 TIMEOUT_S = 60.0  # the longest wait for a file's next bytes
-DEFAULT_DEST = Path("../shared/data")  # where the README's examples read them from
+DEFAULT_DEST = Path("../shared/data")  # where the docs' examples read them from
 
 CHECKSUMS = "public_data.sha256"  # beside this package's modules, in `sha256sum` format: "DIGEST  PLACE" per line
 

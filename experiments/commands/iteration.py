@@ -3,7 +3,10 @@
     ferry iteration --model llama-3-8b --hardware h100-sxm --prefill 512@0 --decode 32@1024 [--json]
 
 ``--prefill N@C`` is one prefill chunk of N new tokens on top of C tokens already cached (repeat it, one per
-sequence); ``--decode B@C`` is B sequences each decoding one token at context C (repeatable). ``--json`` prints one
+sequence); ``--decode B@C`` is B sequences each decoding one token at context C (repeatable); with
+``--speculative-config`` (vLLM's JSON) each decode is verified with its k draft tokens (a query of 1 + k) and the
+drafter's work is added, shown apart (verification vs drafting), with the time per token the acceptance gives against
+plain decoding. ``--json`` prints one
 object ``{"time_s", "ops": [{"name", "time_s", "flops", "bytes", "bound"}], ...}``, a stable contract: an op's
 ``time_s`` covers all layers, the linear layers are ``qkv_proj``, ``o_proj`` and ``mlp`` (gate, up, activation and
 down together); extra keys may be added, none renamed.
@@ -16,7 +19,11 @@ import json
 import re
 from typing import Any
 
+import numpy as np
+
 from costmodel import CostModel, IterationBreakdown, IterationShape, load_hardware, load_model
+from costmodel.drafting import drafter_for
+from costmodel.dtypes import QUANTIZATION_HELP
 from costmodel.engines import apply_engine
 from costmodel.layout import Parallelism
 
@@ -44,7 +51,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="auto", help="activations: auto (the config's torch_dtype), bf16, fp16, fp32"
     )
     parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache: auto (= --dtype) or fp8")
-    parser.add_argument("--quantization", default=None, help="weights: fp8, int8 or int4 (awq/gptq); default none")
+    parser.add_argument("--quantization", default=None, help=QUANTIZATION_HELP)
     parser.add_argument(
         "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor-parallel GPUs (default 1)"
     )
@@ -98,8 +105,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--decode", action="append", default=[], metavar="B@C", help="B sequences decoding at context C (repeatable)"
     )
+    parser.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        default=None,
+        help='speculative decoding, as vllm serve takes it (\'{"method": "eagle3", "num_speculative_tokens": 3}\'): '
+        "each decode verifies its k drafts, and the drafter's work is added",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(func=handle)
+
+
+MAX_SEQUENCES = 1 << 24  # sequences one iteration may hold (vLLM's max_num_seqs is in the hundreds)
 
 
 def build_shape(prefill: list[str], decode: list[str], max_len: int, model: str) -> IterationShape:
@@ -107,6 +124,9 @@ def build_shape(prefill: list[str], decode: list[str], max_len: int, model: str)
     groups = [parse_pair(d, "--decode", "SEQUENCES") for d in decode]
     if not chunks and not groups:
         raise ValueError("give at least one --prefill N@C or --decode B@C")
+    sequences = sum(b for b, _ in groups) + len(chunks)
+    if sequences > MAX_SEQUENCES:
+        raise ValueError(f"--decode: {sequences:,} sequences in one iteration; at most {MAX_SEQUENCES:,}")
     for flag, n, c in [("--prefill", n, c) for n, c in chunks] + [("--decode", 1, c) for _, c in groups]:
         if c + n > max_len:
             raise ValueError(f"{flag}: context {c} + {n} new exceeds {model}'s max_position_embeddings={max_len}")
@@ -116,20 +136,65 @@ def build_shape(prefill: list[str], decode: list[str], max_len: int, model: str)
 def handle(args: argparse.Namespace) -> int:
     cm = cost_model_from_args(args)
     shape = build_shape(args.prefill, args.decode, cm.model.max_position_embeddings, cm.model.name)
+    spec = None
+    if args.speculative_config is not None:
+        shape, spec = speculate(cm, shape, args.speculative_config)
     breakdown = cm.explain(shape)
     if args.json:
-        print(json.dumps(to_json(cm, shape, breakdown, args)))
+        out = to_json(cm, shape, breakdown, args)
+        if spec is not None:
+            out["speculative_decoding"] = spec
+        print(json.dumps(out))
     else:
         print(render(cm, shape, breakdown, args))
+        if spec is not None:
+            print(speculation_lines(spec))
     return 0
+
+
+def speculate(cm: CostModel, shape: IterationShape, given: str) -> tuple[IterationShape, dict[str, Any]]:
+    """The shape with its decodes verified with k drafts each, ``cm`` timing the drafter too; and what to say of it:
+    verification and drafting times, the plain decode step's, and per token with the acceptance's mean length."""
+    from experiments.runner.speculative import mean_acceptance_length, parse, unconditional_rates
+
+    config = parse(given)
+    k = config.k
+    plain = cm.iteration_time(shape)
+    draft = load_model(config.model) if config.resolved_method == "draft_model" and config.model else None
+    drafter = drafter_for(config.resolved_method, k, cm.model, draft, config.draft_tensor_parallel_size or cm.tp)
+    cm.speculate(drafter)
+    n = shape.num_decode_seqs
+    verified = IterationShape(prefill_new=shape.prefill_new, prefill_ctx=shape.prefill_ctx,
+                              prefill_sampled=shape.prefill_sampled, verify_new=np.full(n, 1 + k, dtype=np.int64),
+                              verify_ctx=shape.decode_ctx)  # fmt: skip
+    rates, source = unconditional_rates(config, cm.model.name)
+    length = mean_acceptance_length(rates)
+    b = cm.explain(verified)
+    return verified, {"drafter": drafter.describe(), "num_speculative_tokens": k, "acceptance": source,
+                      "mean_acceptance_length": length, "verification_s": b.time_s - b.drafting_s,
+                      "drafting_s": b.drafting_s, "plain_step_s": plain, "time_per_token_s": b.time_s / length,
+                      "plain_time_per_token_s": plain}  # fmt: skip
+
+
+def speculation_lines(s: dict[str, Any]) -> str:
+    per, plain = s["time_per_token_s"], s["plain_time_per_token_s"]
+    step = (s["verification_s"] + s["drafting_s"]) * 1e3
+    return "\n".join([
+        "",
+        f"speculative decoding: {s['drafter']}; acceptance {s['acceptance']}, mean length "
+        f"{s['mean_acceptance_length']:.2f}",
+        f"  verification {s['verification_s'] * 1e3:.3f} ms + drafting {s['drafting_s'] * 1e3:.3f} ms = "
+        f"{step:.3f} ms a step (plain decoding {s['plain_step_s'] * 1e3:.3f} ms)",
+        f"  per token a decode makes: {per * 1e3:.3f} ms, against {plain * 1e3:.3f} ms plain ({plain / per:.2f}x)",
+    ])  # fmt: skip
 
 
 def default_limits(cm: CostModel) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` of a default `ferry run` of this model on this device (its default
     policy at the newest release's `vllm serve` limits): the activation reserve of its memory plan, so that this
     command and `ferry run` report one KV capacity."""
-    from experiments.config import RunConfig
-    from experiments.simulation import resolve
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import resolve
 
     config = RunConfig(model=cm.model.name, hardware=cm.hardware.name, tensor_parallel_size=cm.tp)
     scheduler = resolve(config, cm.model, cm.hardware)[0].scheduler
@@ -182,7 +247,9 @@ def render(cm: CostModel, shape: IterationShape, b: IterationBreakdown, args: ar
     parts = []
     if args.prefill:
         parts.append(f"{len(args.prefill)} prefill chunk(s), {shape.num_prefill_tokens} new tokens")
-    if args.decode:
+    if args.decode and len(shape.verify_new):
+        parts.append(f"{len(shape.verify_new)} decode(s) verified, {int(shape.verify_new[0]) - 1} drafts each")
+    elif args.decode:
         parts.append(f"{shape.num_decode_seqs} decode(s)")
     lines = [
         cm.describe() + ("" if cm.hardware.kind == "calibrated" else "  [datasheet profile: efficiencies assumed]"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.outputs import figure_path
+from experiments.runner.outputs import figure_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:

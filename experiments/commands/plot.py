@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Draw the ok runs of a `ferry sweep` output folder (its results.parquet) as PNG and SVG: "
         "pareto (throughput against a latency percentile, the Pareto front outlined), heatmap (a metric over two "
         "swept columns), capacity (max_rate per configuration; needs a sweep with `mode: max_rate`) or latency "
-        "(a latency against request_rate, one line per configuration). Prints the paths written.",
+        "(a latency against request_rate, one line per configuration). Runs that were overloaded (arrivals outran "
+        "the replica) are marked in each and never on the Pareto front. Prints the paths written.",
     )
     p.add_argument("dir", type=Path, metavar="DIR", help="output folder of `ferry sweep` (or its results.parquet)")
     p.add_argument("--kind", choices=KINDS, required=True, help="which figure")
@@ -42,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments import sweep_plots
+    from experiments.sweep import overload
+    from experiments.sweep import plots as sweep_plots
 
     stray = [f for f in ("x", "y", "color", "metric", "axes", "by", "latency") if getattr(args, f, None) is not None]
     stray = [f for f in stray if f not in FLAGS[args.kind]]
@@ -57,7 +59,9 @@ def main(args: argparse.Namespace) -> int:
         paths = sweep_plots.pareto(table, x, y, args.color, out)
         front = sweep_plots.pareto_front(table, x, y)
         shown = [c for c in sweep_plots.swept_columns(table) if c in front.columns] + [x, y]
-        print(f"Pareto front ({len(front)} runs):")
+        hot = int(overload.mask(sweep_plots.ok_rows(table, (x, y))).sum())
+        left_out = f"; {hot} overloaded runs left out, crossed out in the figure" if hot else ""
+        print(f"Pareto front ({len(front)} runs{left_out}):")
         print(front[list(dict.fromkeys(shown))].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     elif args.kind == "heatmap":
         a, b = args.axes or (None, None)

@@ -41,6 +41,7 @@ from experiments.commands.calibrate import write_profile
 from experiments.real.probe import fit_probe, probe
 from experiments.real.probe_design import ProbePlan
 from experiments.real.probe_report import format_report
+from experiments.runner import outputs
 
 DEFAULT = ProbePlan()
 
@@ -148,8 +149,9 @@ def handle(args: argparse.Namespace) -> int:
     base = load_hardware(args.base)
     dtype = args.dtype or spec.torch_dtype
     log = (lambda _: None) if args.json else print
-    run = probe(args.url, args.model, plan, seed=args.seed, log=log)
     out: Path = args.out
+    outputs.check_file(out)  # before the experiments, not after them
+    run = probe(args.url, args.model, plan, seed=args.seed, log=log)
     settings = {
         "fit": "probe",
         "url": run.url,
@@ -177,6 +179,7 @@ def handle(args: argparse.Namespace) -> int:
         "held_back": run.held_back,
         "server_limits": run.limits.as_dict(),
         "notes": run.notes + fitted.notes,
+        "lost": fitted.lost,
         "client_s": fitted.fit.client_s,
         "client_busy_s": fitted.busy_s,
         "client_busy_seqs": fitted.busy_seqs,

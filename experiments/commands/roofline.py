@@ -15,7 +15,7 @@ from typing import Any
 
 from costmodel import CostModel, IterationShape
 from experiments.commands.iteration import add_model_arguments, cost_model_from_args
-from experiments.outputs import figure_path
+from experiments.runner.outputs import figure_path
 
 PREFILL_TOKENS = (128, 512, 2048, 8192)
 DECODE_BATCHES = (1, 8, 32, 128, 256)
@@ -127,6 +127,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.context < 0:
         raise ValueError(f"--context must be >= 0, got {args.context}")
     cm = cost_model_from_args(args)
+    max_len = cm.model.max_position_embeddings
+    if args.context + 1 > max_len:  # as `ferry iteration` refuses it: a decode at context C makes token C + 1
+        raise ValueError(
+            f"--context {args.context}: a decode there exceeds {cm.model.name}'s max_position_embeddings={max_len}"
+        )
     path = draw(cm, args.context, figure_path(args.out))
     print(f"wrote {path}")
     return 0

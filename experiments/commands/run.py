@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import policies
-from experiments import outputs, user_code
+from costmodel.dtypes import QUANTIZATION_HELP
 from experiments.commands.disagg_cli import add_disagg_flags, disagg_overrides
-from experiments.config import RunConfig
+from experiments.commands.summary_table import format_summary
 from experiments.progress import Progress
-from experiments.simulation import RUN_OUTPUTS, run_simulation, write_outputs
-from experiments.summary_table import format_summary
+from experiments.runner import outputs, user_code
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import RUN_OUTPUTS, run_simulation, write_outputs
 from policies.config import CHUNKED_ORDERS
 from policies.vllm_defaults import LATEST
 from sim.metrics import overload_notice, parse_goodput
@@ -37,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=Path("results"),
         help="folder for summary.json, requests.csv, iterations.csv (default: results/)",
     )
+    p.add_argument(
+        "--format",
+        choices=outputs.TABLE_FORMATS,
+        default="csv",
+        help="the tables' format: csv (default), or parquet (requests.parquet, ...: the same columns, for pandas, "
+        "polars or DuckDB)",
+    )
     p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds files that are not a run's")
     user_code.add_flag(p)
@@ -45,9 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> None:
+def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True, cluster: bool = True) -> None:
     """The fields of a run config as flags (vLLM's names), in groups; flags not given override nothing. ``simulator``
-    adds the simulator's own (engine, ITL keeping, goodput SLOs)."""
+    adds the simulator's own (engine, ITL keeping, goodput SLOs); ``cluster`` the replicas and router (a command
+    that searches the count leaves them out)."""
     g = p.add_argument_group("replica")
     g.add_argument("--model", default=S, help="built-in model (llama-3-8b, ...) or path to a HF config.json")
     g.add_argument("--hardware", default=S, help="built-in hardware profile (h100-sxm, ...) or path to a profile")
@@ -77,7 +86,7 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
     g.add_argument("--dtype", default=S, help="auto (the config's torch_dtype), bfloat16, float16, float32")
     g.add_argument("--kv-cache-dtype", default=S, help="auto (= dtype) or fp8")
-    g.add_argument("--quantization", default=S, help="weight quantization: fp8, int8, int4")
+    g.add_argument("--quantization", default=S, help=QUANTIZATION_HELP)
     g.add_argument("--gpu-memory-utilization", type=float, default=S, help="share of GPU memory used (0.9)")
     g.add_argument("--block-size", type=int, default=S, help="tokens per KV-cache block (16)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=S, help="use this many KV blocks")
@@ -92,24 +101,28 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
 
     g.add_argument(
         "--enable-prefix-caching",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=S,
-        help="continuous, chunked: reuse the KV blocks of a prefix already computed (vLLM's automatic prefix caching)",
+        help="continuous, chunked: reuse the KV blocks of a prefix already computed (vLLM's automatic prefix caching; "
+        "default as `vllm serve` of --vllm-defaults: on in V1)",
     )
 
-    g = p.add_argument_group("cluster")
-    g.add_argument("--replicas", type=int, default=S, help="replicas of this configuration behind a router (1)")
-    g.add_argument(
-        "--router",
-        default=S,
-        help="round_robin (default), random, least_requests, least_tokens, least_kv, power_of_two, prefix_affinity, "
-        "or module:Class",
-    )
-    g.add_argument("--router-seed", type=int, default=S, help="seed of the random and power_of_two routers (0)")
-    if simulator:
+    if cluster:
+        g = p.add_argument_group("cluster")
+        g.add_argument("--replicas", type=int, default=S, help="replicas of this configuration behind a router (1)")
+        g.add_argument(
+            "--router",
+            default=S,
+            help="round_robin (default), random, least_requests, least_tokens, least_kv, power_of_two, "
+            "prefix_affinity, or module:Class",
+        )
+        g.add_argument("--router-seed", type=int, default=S, help="seed of the random and power_of_two routers (0)")
+    if simulator and cluster:
         add_disagg_flags(p)
     g = p.add_argument_group("scheduler")
-    g.add_argument("--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (continuous)")
+    g.add_argument(
+        "--policy", default=S, help=f"{', '.join(policies.names())} or module:Class (chunked: what `vllm serve` runs)"
+    )
     g.add_argument("--max-model-len", type=int, default=S, help="max prompt+output tokens (model's context)")
     g.add_argument(
         "--vllm-defaults",
@@ -150,6 +163,14 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         "--preferred-batch-sizes", type=int, nargs="+", default=S, help="dynamic: sizes sent at once (Triton)"
     )
     g.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        default=S,
+        help='speculative decoding, as vllm serve takes it: \'{"method": "eagle3", "num_speculative_tokens": 3}\' '
+        "(eagle, eagle3, mtp, ngram, draft_model with its model; synthetic_acceptance_rates; chunked, or continuous "
+        "--mix-prefill-decode)",
+    )
+    g.add_argument(
         "--kv-reservation",
         choices=("paged", "output", "max_model_len"),
         default=S,
@@ -165,7 +186,16 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
         "--sort-trace", action="store_true", default=S, help="sort a trace by arrival (stable) instead of refusing it"
     )
     g.add_argument("--num-prompts", type=int, default=S, help="requests (synthetic: 1000; trace: first N)")
-    g.add_argument("--request-rate", type=float, default=S, help="requests/s, inf = all at once (inf)")
+    g.add_argument(
+        "--request-rate", type=float, default=S, help="requests/s, inf = all at once (inf, as `vllm bench serve`)"
+    )
+    g.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=S,
+        help="requests in flight at most (`vllm bench serve`'s flag): each waits for one of N slots; with no "
+        "--request-rate, N clients in a closed loop",
+    )
     g.add_argument("--burstiness", type=float, default=S, help="gamma shape of inter-arrivals, 1 = Poisson")
     g.add_argument(
         "--input-len",
@@ -231,7 +261,7 @@ def add_run_arguments(p: argparse.ArgumentParser, simulator: bool = True) -> Non
     )
 
 
-_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force", "allow_import"}
+_NOT_FIELDS = {"command", "func", "config", "out", "json", "debug", "force", "allow_import", "format"}
 
 
 def config_from_args(args: argparse.Namespace, not_fields: frozenset[str] = frozenset()) -> RunConfig:
@@ -258,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
         result = run_simulation(config, on_progress=progress)
     finally:
         progress.close()
-    paths = write_outputs(result, args.out, args.force)
+    paths = write_outputs(result, args.out, args.force, fmt=args.format)
     if result.summary.get("overload"):
         print(f"ferry run: {overload_notice(result.summary['overload'])}", file=sys.stderr)
     if args.json:
@@ -266,4 +296,12 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(format_summary(result.summary))
         print(f"wrote {', '.join(str(p) for p in paths)}")
+    if not result.summary.get("completed"):  # written, but nothing was served: a script must not read it as a result
+        why = ", ".join(f"{n:,} {k}" for k, n in (result.summary.get("rejected_by_reason") or {}).items())
+        print(f"ferry run: no request completed (rejected: {why or 'none arrived'}); exit status {NOTHING_COMPLETED}",
+              file=sys.stderr)  # fmt: skip
+        return NOTHING_COMPLETED
     return 0
+
+
+NOTHING_COMPLETED = 3  # the exit status of a run whose every request was rejected (its outputs are written)

@@ -44,10 +44,11 @@ from typing import Any
 import policies
 from costmodel.dtypes import canonical
 from costmodel.model_spec import load_model
-from experiments import http_limits, outputs
+from experiments import http_limits
 from experiments.commands.run import add_run_arguments, config_from_args
-from experiments.config import RunConfig
-from experiments.simulation import build_replica
+from experiments.runner import outputs
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica
 from policies.config import ITERATION_LIMITED
 from sim.kvcache import KVCacheManager
 
@@ -155,6 +156,9 @@ def serve(
         raise ValueError("the real executor runs on one device: use --tensor-parallel-size 1, no pipeline stages")
     if config.enable_prefix_caching:
         raise ValueError("the real executor keeps each sequence's own KV: no --enable-prefix-caching")
+    if config.speculative_config is not None:
+        raise ValueError("the real executor has no drafter: no --speculative-config")
+    config = config.model_copy(update={"enable_prefix_caching": False})  # (where `vllm serve` would cache prefixes)
     if config.disaggregation is not None or config.num_replicas != 1:
         raise ValueError("the real executor is one replica: no disaggregation or replicas")
     if config.quantization is not None or config.kv_cache_dtype != "auto":

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments import outputs, user_code
+from experiments.runner import outputs, user_code
 
 SWEEP_OUTPUTS = ("points", "results.parquet", "results.csv", "sweep.json")
 
@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments.sweep.run import Bar, execute
+    from experiments.progress import Bar
+    from experiments.sweep import overload
+    from experiments.sweep.run import execute
     from experiments.sweep.spec import expand, load_spec
     from experiments.sweep.store import Store
 
@@ -66,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     where = f"Dask scheduler {args.dask}" if args.dask else f"{jobs} process{'es' if jobs > 1 else ''}"
     print(f"ferry sweep: {len(points):,} points, {skipped:,} already stored (skipped), {len(todo):,} to run on "
           f"{where}", file=sys.stderr)  # fmt: skip
-    bar = Bar(len(todo))
+    bar = Bar(len(todo), "points")
     failed = 0
 
     def on_done(row: dict) -> None:
@@ -80,8 +82,19 @@ def main(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         table = store.write_table(swept, [p.hash for p in points], args.csv)
+        ok = table[table["status"] == "ok"] if len(table) else table
+        overloaded = int(overload.mask(ok).sum())
         sidecar = {"spec": spec.model_dump(mode="json"), "points": len(points), "skipped": skipped,
-                   "ran": bar.done, "failed_now": failed, "swept": swept}  # fmt: skip
+                   "ran": bar.done, "failed_now": failed, "swept": swept, "overloaded": overloaded}  # fmt: skip
         outputs.write_text(args.out / "sweep.json", json.dumps(sidecar, indent=2) + "\n")
-    print(f"ran {bar.done:,} points ({failed:,} failed), skipped {skipped:,}; wrote {table}")
+    print(f"ran {bar.done:,} points ({failed:,} failed), skipped {skipped:,}; wrote {store.table}")
+    if overloaded:
+        print(f"ferry sweep: {overload.notice(overloaded, len(ok), spec.mode)}", file=sys.stderr)
+    if points and not len(ok):  # stored, but nothing ran: a script must not read the table as results
+        print(f"ferry sweep: no point ran (every one failed: see the table's error column); exit status {NO_RESULT}",
+              file=sys.stderr)  # fmt: skip
+        return NO_RESULT
     return 0
+
+
+NO_RESULT = 3  # the exit status of a sweep whose every point failed (its table is written), as `ferry run`'s

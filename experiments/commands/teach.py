@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments import user_code
+from experiments.runner import user_code
 from experiments.teach.labels import LANGS
 
 

@@ -30,14 +30,14 @@ import pandas as pd
 import policies
 from costmodel import load_hardware
 from costmodel.calibration import kernels as K
-from experiments import outputs, user_code
 from experiments.commands.run import add_run_arguments, config_from_args
-from experiments.config import RunConfig
 from experiments.real.client import REQUEST_TIMEOUT_S
 from experiments.real.executor import Executor, replay
 from experiments.real.llama import Llama
-from experiments.simulation import build_replica, build_workload
-from experiments.validation import (
+from experiments.runner import outputs, user_code
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica, build_workload
+from experiments.runner.validation import (
     VALIDATE_OUTPUTS,
     Validation,
     calibration_setting,
@@ -60,8 +60,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", type=Path, default=None, help="YAML run config (the fields of `ferry run`)")
     p.add_argument("--out", type=Path, default=Path("validate"), help="folder for real/, sim/ and the comparison")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:INDEX (default cpu)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the profile's calibration's)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:INDEX (default cpu; not with --url)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: the profile's calibration's; not with --url)"
+    )
     p.add_argument("--model-seed", type=int, default=0, help="seed of the model's random weights and prompts")
     p.add_argument("--json", action="store_true", help="print comparison.json instead of the table")
     g = p.add_argument_group("a live server instead of ferry's executor")
@@ -71,7 +73,6 @@ def register(subparsers: Any) -> None:
         help="replay the workload against this OpenAI-compatible server (http://HOST:PORT/v1), streamed, open loop",
     )
     g.add_argument("--served-model-name", default=None, help="--url: the model's name on the server (default --model)")
-    g.add_argument("--max-concurrency", type=int, default=None, help="--url: requests open at once (default: no cap)")
     g.add_argument(
         "--timeout",
         type=float,
@@ -84,24 +85,40 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handle)
 
 
-_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force", "url", "served_model_name", "max_concurrency",
-                        "timeout"})  # fmt: skip
+_OWN_FLAGS = frozenset({"device", "threads", "model_seed", "force", "url", "served_model_name", "timeout"})
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """A flag of the side that does not run is refused, not ignored: ferry's executor's (``--device``,
+    ``--threads``) with ``--url``, a live server's without it."""
+    if args.url is not None:
+        for flag, value in (("--device", args.device), ("--threads", args.threads)):
+            if value is not None:
+                raise ValueError(
+                    f"{flag} {value}: it sets ferry's own executor, which --url does not run (the server runs its "
+                    "model where it was started); drop it"
+                )
+        return
+    if args.timeout is not None:
+        raise ValueError(f"--timeout {args.timeout:g}: it bounds a live server's requests; give --url, or drop it")
+    for flag, value in (("--served-model-name", args.served_model_name),
+                        ("--max-concurrency", getattr(args, "max_concurrency", None))):  # fmt: skip
+        if value is not None:
+            raise ValueError(f"{flag} {value}: it is for a live server's requests; give --url, or drop it")
 
 
 def handle(args: argparse.Namespace) -> int:
     config = config_from_args(args, _OWN_FLAGS)
     outputs.check(args.out, VALIDATE_OUTPUTS, "validate", args.force)
+    _check_flags(args)
     if args.url is not None:
         from experiments.commands.validate_url import validate_url
 
         name = args.served_model_name or config.model
         timeout = REQUEST_TIMEOUT_S if args.timeout is None else args.timeout
-        result = validate_url(config, args.url, name, seed=args.model_seed, concurrency=args.max_concurrency,
-                              timeout_s=timeout)  # fmt: skip
-    elif args.timeout is not None:
-        raise ValueError(f"--timeout {args.timeout:g}: it bounds a live server's requests; give --url, or drop it")
+        result = validate_url(config, args.url, name, seed=args.model_seed, timeout_s=timeout)
     else:
-        result = validate(config, device=args.device, threads=args.threads, seed=args.model_seed)
+        result = validate(config, device=args.device or "cpu", threads=args.threads, seed=args.model_seed)
     paths = write_validation(result, args.out, args.force)
     if args.json:
         print(json.dumps(result.comparison, indent=2))
@@ -116,7 +133,15 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
     torch = K.require_torch()
     hardware = load_hardware(config.hardware)
     dtype = config.dtype if config.dtype != "auto" else calibration_setting(hardware, "dtype") or "float32"
-    config = config.model_copy(update={"dtype": dtype})
+    if config.enable_prefix_caching:
+        raise ValueError("the real executor keeps each sequence's own KV: no --enable-prefix-caching")
+    if config.workload.max_concurrency is not None:
+        raise ValueError(
+            f"--max-concurrency {config.workload.max_concurrency}: ferry's executor replays the arrivals as they are; "
+            "give --url to replay with slots against a live server"
+        )
+    # the real executor caches no prefixes, so neither does its simulation (`vllm serve` would by default)
+    config = config.model_copy(update={"dtype": dtype, "enable_prefix_caching": False})
     if threads is None and calibration_setting(hardware, "threads"):
         threads = int(calibration_setting(hardware, "threads") or 0)
     if threads:
@@ -127,6 +152,9 @@ def validate(config: RunConfig, *, device: str = "cpu", threads: int | None = No
         raise ValueError("the real executor keeps weights and KV cache in --dtype: no quantization or kv_cache_dtype")
     if config.disaggregation is not None or config.num_replicas != 1:
         raise ValueError("the real executor is one replica: no disaggregation or replicas")
+    if config.speculative_config is not None:
+        raise ValueError("the real executor has no drafter: no speculative_config (ferry validate --url measures a "
+                         "vllm serve that has one)")  # fmt: skip
     replica = build_replica(config)
     config, cost = replica.config, replica.cost
     workload = build_workload(config)

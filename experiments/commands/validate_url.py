@@ -35,30 +35,31 @@ import pandas as pd
 
 import policies
 from costmodel import load_hardware
-from experiments.config import RunConfig
 from experiments.real import client as C
 from experiments.real.client import Prompts, replay_trace
-from experiments.real.handling import handling_of, measured_handling, measured_wake
+from experiments.real.handling import handling_measured, handling_of, measured_handling, measured_wake
 from experiments.real.limits import ServerLimits, read_limits
 from experiments.real.measured import blank_server_side, records_of
-from experiments.simulation import build_replica, build_workload
-from experiments.validation import Validation, calibration_setting, compare
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica, build_workload
+from experiments.runner.validation import Validation, calibration_setting, compare
 from sim.engine import simulate
+from sim.workload.clients import open_loop
 
 
 def validate_url(
-    config: RunConfig, url: str, served_name: str, *, seed: int = 0, concurrency: int | None = None,
-    timeout_s: float = C.REQUEST_TIMEOUT_S,
-) -> Validation:  # fmt: skip
+    config: RunConfig, url: str, served_name: str, *, seed: int = 0, timeout_s: float = C.REQUEST_TIMEOUT_S
+) -> Validation:
     """Replay ``config``'s workload against ``url`` and simulate it with ``config.hardware``; compare. Each request
     waits at most ``timeout_s`` seconds for its response, then for each next token. The prompts' tokens are drawn
     from ``seed`` and a fresh seed (``prompt_seed`` in the comparison), new in every run: a prompt the server's
     prefix cache held from an earlier run would skip its prefill, which the simulation computes. ValueError (one
-    line) when the server does not serve ``served_name`` or more than half the requests failed."""
+    line) when the server does not serve ``served_name`` or more than half the requests failed. With
+    ``--max-concurrency`` the replay holds at most that many requests open, each waiting for a slot as
+    ``vllm bench serve``'s does, and the simulation models the same slots (``sim.workload.clients``)."""
     url = C.check_url(url)
     timeout_s = C.check_timeout(timeout_s)
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"--max-concurrency must be >= 1, got {concurrency}")
+    concurrency = config.workload.max_concurrency
     hardware = load_hardware(config.hardware)
     dtype = config.dtype if config.dtype != "auto" else calibration_setting(hardware, "dtype") or "auto"
     config = config.model_copy(update={"dtype": dtype})
@@ -69,9 +70,8 @@ def validate_url(
     prompt_seed = [int(seed), C.fresh_seed()]  # a server's prefix cache must not hold them from an earlier run
     prompts = Prompts(np.random.default_rng(prompt_seed))
     sent = [prompts.make(int(p)) for p in workload.prompt_tokens]
-    streams = replay_trace(
-        url, served_name, workload.arrival_s, sent, workload.output_tokens, concurrency or 1 << 16, timeout_s
-    )
+    due = open_loop(workload).arrival_s  # each request's time; a slot's wait comes on top, as the server answers
+    streams = replay_trace(url, served_name, due, sent, workload.output_tokens, concurrency or 1 << 16, timeout_s)
     records, errors = records_of(streams, workload.prompt_tokens)
     if 2 * len(errors) > len(streams):  # a failure must not look like a comparison
         i, why = next(iter(errors.items()))
@@ -84,7 +84,8 @@ def validate_url(
 
     policy = policies.get(config.scheduler)
     requests, kv = replica.new_requests(workload)
-    simulated = simulate(requests, policy, cost, kv, config.scheduler.max_model_len, "reference", stream=config.stream)
+    simulated = simulate(requests, policy, cost, kv, config.scheduler.max_model_len, "reference", stream=config.stream,
+                         spec=replica.spec)  # fmt: skip
     sim = replica.result(workload, simulated)
     comparison = compare(real.summary, sim.summary, np.zeros(0), np.zeros(0))
     comparison["profile"] = hardware.name
@@ -99,7 +100,7 @@ def validate_url(
     comparison["client_busy_handling_ms"] = 1e3 * (busy[-1][1] if busy else client_s)  # the heaviest load measured
     comparison["client_busy_handling"] = [{"running": n, "ms": 1e3 * t} for n, t in busy]
     notes = []
-    if client_s or busy or wake:
+    if handling_measured(hardware) or busy or wake:  # measured, even where it came out as none
         added = handling_of(simulated.requests.arrival, simulated.requests.finish, client_s, busy, wake)
         ttft = simulated.requests.first_token - simulated.requests.arrival
         comparison["with_handling"] = handled = with_handling(comparison["metrics"], ttft + added)
@@ -125,6 +126,16 @@ def validate_url(
         note = (
             f"{held} of {len(streams)} responses came from the server in one burst (tokens held back, then sent at "
             "once): their gaps are no steps, and the real ITL and TTFT hold them (the others alone: 'streamed')"
+        )
+        comparison["note"] = f"{comparison['note']}; {note}" if "note" in comparison else note
+    miscounted = [s for s in streams if s.ok and s.coalesced]
+    comparison["coalesced"] = {"n": len(miscounted), "of": len(streams)}
+    if miscounted:  # the server's usage and the chunks received disagree: the chunks' gaps are not its steps
+        one = miscounted[0]
+        note = (
+            f"{len(miscounted)} of {len(streams)} responses' usage counts completion tokens other than the chunks "
+            f"received (the first: {one.completion_tokens} against {len(one.chunk_s)}): several tokens to a "
+            "chunk, or a miscount; their gaps are not the server's steps"
         )
         comparison["note"] = f"{comparison['note']}; {note}" if "note" in comparison else note
     tokens = [s.prompt_tokens for s in streams if s.prompt_tokens is not None]

@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from costmodel.hardware import builtin_hardware
 from costmodel.model_spec import builtin_models
-from experiments.config import RunConfig
 from experiments.explore.drawing import run_json
 from experiments.http_limits import DEFAULT_MAX_RUN_TOKENS
-from experiments.simulation import build_workload
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_workload
 from experiments.teach.runs import policy_run
 from experiments.teach.scenario import Scenario, one_line
 from policies.config import APPLIES_TO, BUILTIN_POLICIES, Number
@@ -101,11 +101,13 @@ class Explorer:
     @classmethod
     def of_scenario(cls, scenario: Scenario) -> Explorer:
         given: dict[str, Any] = {"workload": "scenario", "model": scenario.model, "hardware": scenario.hardware}
-        for entry in scenario.policies:  # the first policy's, then what later ones add
+        first = scenario.policies[0].get("policy", "continuous")
+        for entry in scenario.policies:  # the first policy's, then what later ones add that the first does not read
             for key, value in entry.items():
-                if key in KEYS and key not in given:
+                later = entry is not scenario.policies[0]
+                if key in KEYS and key not in given and not (later and first in READ_BY.get(key, ())):
                     given[key] = value
-        given.setdefault("policy", scenario.policies[0].get("policy", "continuous"))
+        given.setdefault("policy", first)
         if "max_model_len" in scenario.settings:
             given["max_model_len"] = scenario.settings["max_model_len"]
         try:
@@ -147,6 +149,12 @@ class Explorer:
         """The `ferry run` config of these settings: the policy's own limits only, its batches recorded."""
         policy = settings.policy
         scheduler = {k: getattr(settings, k) for k in SCHEDULER_KEYS if policy in READ_BY.get(k, (policy,))}
+        if self.scenario is not None:  # a limit left at the page's default is the scenario's for this policy, or none
+            own = self._entry(policy)
+            untouched = [
+                k for k in scheduler if k != "max_model_len" and getattr(settings, k) == getattr(self.defaults, k)
+            ]
+            scheduler |= {k: own.get(k, Settings.model_fields[k].default) for k in untouched}
         data: dict[str, Any] = {"model": settings.model, "hardware": settings.hardware, "policy": policy}
         if self.scenario is not None:
             data |= self.scenario.settings

@@ -4,7 +4,9 @@ request rate for the best few."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
+from typing import Any
 
 from costmodel.prices import Price, price_of
 from experiments.plan.search import CandidateResult
@@ -56,9 +58,10 @@ def best_per_kind(ranked_results: list[CandidateResult]) -> list[CandidateResult
     return out
 
 
-def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO, model: str = "MODEL") -> str:
-    """The ranked table, the best candidate as `vllm serve`'s flags, then the dropped candidates with their
-    reasons."""
+def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO, model: str = "MODEL",
+          stability: dict[str, Any] | None = None) -> str:  # fmt: skip
+    """The ranked table, the best candidate as `vllm serve`'s flags and how stable that answer is, then the dropped
+    candidates with their reasons (candidates dropped for the same reason on one line)."""
     best = ranked(results, prices)
     keys = list(slo.limits)
     layouts = any(r.candidate.layout() for r in results)  # a column of pipeline/data/expert parallelism when tried
@@ -94,13 +97,14 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO, mo
     else:
         top = best[0]
         lines += ["", f"best: {_replicas(top)} x `vllm serve {model} {top.candidate.vllm_flags()}` on "
-                      f"{top.candidate.hardware} ({top.gpus} GPUs)"]  # fmt: skip
+                      f"{top.candidate.hardware} ({gpus(top.gpus)})"]  # fmt: skip
+        lines += stability_lines(stability)
     lines += layout_verdict(best, prices)
     dropped = [r for r in results if r.gpus is None]
     if dropped:
         lines.append("")
         lines.append("dropped:")
-        lines += [f"  {r.candidate.label()}: {r.reason}" for r in dropped]
+        lines += [f"  {', '.join(labels)}: {reason}" for reason, labels in grouped(dropped).items()]
     near = [r for r in dropped if r.closest is not None]
     if not best and near:
         closest = min(near, key=lambda r: max(r.closest.ratios.values()) if r.closest else math.inf)
@@ -111,6 +115,46 @@ def table(results: list[CandidateResult], prices: dict[str, Price], slo: SLO, mo
                 + ", ".join(f"{k} {v:.2f}x its limit" for k, v in e.ratios.items())
             )
     return "\n".join(lines)
+
+
+def grouped(dropped: list[CandidateResult]) -> dict[str, list[str]]:
+    """The dropped candidates' labels by their reason, in the order the reasons first come: reasons that differ only
+    in their numbers (the activation reserve of each seat limit, say) are one, told with the first one's numbers."""
+    texts: dict[str, str] = {}
+    labels: dict[str, list[str]] = {}
+    for r in dropped:
+        reason = r.reason or "dropped"
+        key = re.sub(r"\d[\d,.]*", "#", reason)
+        texts.setdefault(key, reason)
+        labels.setdefault(key, []).append(r.candidate.label())
+    return {texts[key]: names for key, names in labels.items()}
+
+
+def why_none_ran(results: list[CandidateResult]) -> str:
+    """Why no candidate could run, per GPU kind (its first reason, and how many of its candidates it stopped)."""
+    kinds: dict[str, list[str]] = {}
+    for r in results:
+        kinds.setdefault(r.candidate.hardware, []).append(r.reason or "")
+    parts = [f"{kind}: {reasons[0]}" + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else "")
+             for kind, reasons in kinds.items()]  # fmt: skip
+    return "; ".join(parts) if parts else "no candidates"
+
+
+def stability_lines(stability: dict[str, Any] | None) -> list[str]:
+    """How stable the best count is across seeds of a synthetic workload (``search.stability``), in words."""
+    if stability is None:
+        return []
+    checks, n = stability["seeds"], stability["replicas"]
+    seeds = ", ".join(str(c["seed"]) for c in checks)
+    if stability["holds"] == len(checks):
+        return [f"stable: the same {n} on {len(checks)} seeds of the workload ({seeds}; {stability['requests']:,} "
+                "requests each)"]  # fmt: skip
+    off = [f"seed {c['seed']}: " + ("one fewer also meets it" if c["fewer_meets"] else f"{n} miss the SLO")
+           for c in checks if not (c["meets"] and not c["fewer_meets"])]  # fmt: skip
+    return [
+        f"unstable: {n} holds on {stability['holds']} of {len(checks)} seeds ({'; '.join(off)}): the p99s of "
+        f"{stability['requests']:,} requests rest on their slowest few; give more --num-prompts"
+    ]
 
 
 def layout_verdict(best: list[CandidateResult], prices: dict[str, Price]) -> list[str]:
@@ -124,10 +168,15 @@ def layout_verdict(best: list[CandidateResult], prices: dict[str, Price]) -> lis
     winner = "disaggregated" if best.index(dis) < best.index(agg) else "aggregated"
     return [
         "",
-        f"{winner} wins: best aggregated {agg.candidate.label()} on {agg.gpus} GPUs "
-        f"({per_gpu[id(agg)]:.3g} goodput/GPU), best disaggregated {dis.candidate.label()} on {dis.gpus} GPUs "
+        f"{winner} wins: best aggregated {agg.candidate.label()} on {gpus(agg.gpus)} "
+        f"({per_gpu[id(agg)]:.3g} goodput/GPU), best disaggregated {dis.candidate.label()} on {gpus(dis.gpus)} "
         f"({per_gpu[id(dis)]:.3g} goodput/GPU)",
     ]
+
+
+def gpus(n: int | None) -> str:
+    """``n`` GPUs in words: "1 GPU", "4 GPUs"."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _replicas(r: CandidateResult) -> str:
@@ -150,29 +199,46 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.3g}"
 
 
-def plot(curves: dict[str, list[tuple[float, int | None]]], target: float, out: Path) -> Path:
-    """GPUs needed against request rate, one line per candidate (``curves``: label -> [(rate, GPUs or None)])."""
+def plot(plans: list[dict[str, Any]], out: Path) -> Path:
+    """GPUs needed against the load, one panel per model's plan (plan.json's ``gpus_against_rate``: a line per
+    candidate), titled with the model, the workload and the SLO."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
+    drawn = [p for p in plans if p["gpus_against_rate"]]
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(9, 5.5 * len(drawn)), layout="constrained", squeeze=False)
     styles = [("o", "-", 4.0), ("s", "--", 2.5), ("^", ":", 1.5), ("D", "-.", 1.0)]  # overlapping lines stay visible
-    for k, (label, points) in enumerate(curves.items()):
-        pts = [(r, g) for r, g in sorted(points) if g is not None]
-        marker, dash, width = styles[k % len(styles)]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=dash, linewidth=width,
-                    markersize=6 + 2 * (len(styles) - k % len(styles)), alpha=0.85, label=label)  # fmt: skip
-    ax.axvline(target, color="#888888", linestyle="--", linewidth=1)
-    ax.text(target, ax.get_ylim()[1], " target rate", va="top", color="#555555")
-    ax.set_xlabel("request rate (requests/s)")
-    ax.set_ylabel("GPUs needed to meet the SLO")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(frameon=False)
-    ax.set_title("GPUs needed against request rate (each point a simulated cluster)", loc="left")
+    for ax, plan in zip(axes[:, 0], drawn, strict=True):
+        for k, (label, points) in enumerate(plan["gpus_against_rate"].items()):
+            pts = [(p["rate"], p["gpus"]) for p in points if p["gpus"] is not None]
+            marker, dash, width = styles[k % len(styles)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=dash, linewidth=width,
+                        markersize=6 + 2 * (len(styles) - k % len(styles)), alpha=0.85, label=label)  # fmt: skip
+        unit = plan.get("load_unit", "req/s")
+        target = plan["target_rate"]
+        ax.axvline(target, color="#888888", linestyle="--", linewidth=1)
+        ax.text(target, ax.get_ylim()[1], " target", va="top", color="#555555")
+        ax.set_xlabel("clients (--max-concurrency)" if unit == "clients" else "request rate (requests/s)")
+        ax.set_ylabel("GPUs needed to meet the SLO")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False)
+        ax.set_title(title(plan), loc="left", fontsize=10)
     fig.savefig(out, dpi=140)
     plt.close(fig)
     return out
+
+
+def title(plan: dict[str, Any]) -> str:
+    """A plan's figure title: the model, the workload and the SLO."""
+    limits = ", ".join(f"{k} <= {v:g}" for k, v in plan["slo"]["limits"].items())
+    return (f"{plan['model']}: GPUs needed against the load (each point a simulated cluster)\n"
+            f"{_short_source(plan['workload'])}; SLO {limits or 'goodput'}")  # fmt: skip
+
+
+def _short_source(source: str, width: int = 90) -> str:
+    """A workload's description cut to a title's width."""
+    return source if len(source) <= width else source[: width - 3] + "..."

@@ -7,12 +7,17 @@ vLLM main, late 2026): ``POST {base}/completions`` with ``stream: true``, ``stre
 chunk is taken when it arrives (``time.perf_counter``, seconds from the caller's origin). Prompts are token ids where
 the server takes them (vLLM does; ``prompt`` as a list of ints), so their length is exact; the server's
 ``usage.prompt_tokens`` is checked against it. Every chunk is assumed to carry one token; a response whose chunks
-do not add up to ``usage.completion_tokens`` is flagged (``coalesced``) and its gaps are not trusted.
+do not add up to ``usage.completion_tokens`` is flagged (``coalesced``) and its gaps are not trusted. A chunk that
+only closes the stream is no token: choices without text, each with a finish reason, beside a ``usage`` that counts
+exactly the tokens already streamed (llama-server's last chunk; vLLM ends with the last token's chunk, then a usage
+chunk without choices).
 
 A server that answers something else fails its request with one line naming what it answered (status, content
 type, a short excerpt): an HTTP error, a body that is not an SSE stream (``text/event-stream``), a ``data:`` line
 that is not a completion chunk. Every wait is bounded: a request fails when its response, or its next token, has
-not come within ``timeout_s`` (a stream of keep-alive comments without a token is silence).
+not come within ``timeout_s`` (a stream of keep-alive comments without a token is silence), and a stream that goes
+past ``max_tokens`` (one chunk more is a last one that only ends it) is ended there and fails; a ``usage`` whose
+counts are not whole numbers >= 0 fails its request, naming the count.
 """
 
 from __future__ import annotations
@@ -167,6 +172,19 @@ async def _head(response: Any, limit: int = 2048) -> bytes:
     return got
 
 
+def _closing(choices: list[dict[str, Any]], usage: Any, streamed: int) -> bool:
+    """Whether a chunk only closes a stream of ``streamed`` tokens: its choices carry no text, only a finish reason,
+    and its ``usage`` counts those tokens. llama-server streams one chunk per token, then one such chunk, finish
+    reason and usage together (``tools/server/server-task.cpp``, ``server_task_result_cmpl_final::to_json_oaicompat``;
+    in a stream its content is empty: ``server-context.cpp``, ``send_final_response``)."""
+    return (
+        streamed > 0
+        and isinstance(usage, dict)
+        and usage.get("completion_tokens") == streamed
+        and all(c.get("text") == "" and c.get("finish_reason") is not None for c in choices)
+    )
+
+
 def _take(out: Stream, data: str, now: float) -> str | None:
     """Read one ``data:`` payload of a completion stream into ``out``; why not, if it is not a completion chunk."""
     try:
@@ -183,11 +201,14 @@ def _take(out: Stream, data: str, now: float) -> str | None:
         return f"not a completion chunk in the stream (no 'choices'): {excerpt(data)}"
     if isinstance(choices, list) and not all(isinstance(c, dict) for c in choices):
         return f"not a completion chunk in the stream ('choices' are not objects): {excerpt(data)}"
-    if choices:
+    if choices and not _closing(choices, usage, len(out.chunk_s)):
         out.chunk_s.append(now)
     if isinstance(usage, dict):
-        counts = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        out.prompt_tokens, out.completion_tokens = (c if isinstance(c, int) else None for c in counts)
+        for key in ("prompt_tokens", "completion_tokens"):
+            count = usage.get(key)
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+                return f"the server's usage is not a count of tokens: {key}={json.dumps(count)[:40]}"
+        out.prompt_tokens, out.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
     return None
 
 
@@ -236,6 +257,12 @@ async def complete(
                         made = len(out.chunk_s)
                         out.error = _take(out, data, now)
                         if out.error:
+                            break
+                        if len(out.chunk_s) > max_tokens + 1:  # one more: a last chunk that only ends it
+                            out.error = (
+                                f"the stream went past max_tokens={max_tokens} ({len(out.chunk_s)} chunks) without "
+                                "ending; ended here"
+                            )
                             break
                         if len(out.chunk_s) > made:
                             idle = 0

@@ -35,6 +35,11 @@ def _setting(hardware: HardwareProfile, key: str) -> str | None:
     return (hardware.provenance.settings or {}).get(key) or None
 
 
+def handling_measured(hardware: HardwareProfile) -> bool:
+    """Whether a profile's probe measured the handling on an idle server (``client_s``, which may be 0)."""
+    return _setting(hardware, "client_s") is not None
+
+
 def measured_handling(hardware: HardwareProfile) -> tuple[float, list[tuple[int, float]]]:
     """The handling a profile's probe measured: on an idle server (s), and (requests decoding, s) by load, sorted
     (empty when it measured none; older profiles hold one load). ValueError, one line, for settings that do not
@@ -120,6 +125,8 @@ def busy_handling(run: ProbeRun, cost: CostModel) -> list[tuple[int, float]]:
         running = [s for s in e.streams if s.ok]
         if e.kind != "mixed" or not running or budget <= len(running):
             continue
+        if any(s is not None and s.error is not None for s in [*e.streams, e.injected, *e.busy]):
+            continue  # an experiment that lost requests (``probe.lost``): left out, as from the fit
         for got in [s for s in [e.injected, *e.busy] if s is not None and s.ok]:
             ctx = [s.tokens + int(np.searchsorted(np.asarray(s.chunk_s), got.sent_s)) for s in running]
             step = cost.iteration_time(IterationShape.of(decode=[(1, c) for c in ctx]))

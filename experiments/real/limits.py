@@ -11,9 +11,14 @@ each OpenAI-compatible server states them:
   ``/metrics`` carries either limit. The whole configuration (``scheduler_config.max_num_batched_tokens``,
   ``max_num_seqs``) is at ``GET /server_info?config_format=json`` (server root, not ``/v1``), which vLLM serves
   only with its development endpoints on (``VLLM_SERVER_DEV_MODE=1`` in the server's environment).
+- ``llama-server`` (llama.cpp, read from the one llama-cpp-python 0.3.36 vendors: ``tools/server/server-context.cpp``,
+  ``get_res_props``): ``GET /props`` (server root) states ``total_slots``, its ``--parallel``: requests seated at
+  once. Its batch size (``--batch-size``, ``n_batch``: the tokens one iteration takes, decodes and prompt chunks
+  together) is stated nowhere: not at ``/props``, ``/slots``, ``/v1/models`` (whose ``meta`` has ``n_ctx``) nor
+  ``/metrics``.
 
-``read_limits`` asks the card first, then ``/server_info``, then ``/metrics`` (for the KV cache); a limit no answer
-states stays None, and the caller says so.
+``read_limits`` asks the card first, then ``/server_info``, then ``/props``, then ``/metrics`` (for the KV cache); a
+limit no answer states stays None, and the caller says so.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ class ServerLimits:
         missing = [k for k in SCHEDULER if getattr(self, k) is None]
         if not missing:
             return None
+        if self.sources.get("max_num_seqs", "").endswith("/props"):  # llama-server
+            return (
+                f"ferry does not guess {' or '.join(missing)} (llama-server states its slots at /props, total_slots, "
+                "but its batch size, --batch-size, nowhere)"
+            )
         return (
             f"ferry does not guess {' or '.join(missing)} (vLLM states them only at /server_info, served with "
             "VLLM_SERVER_DEV_MODE=1; its /v1/models and /metrics do not)"
@@ -93,6 +103,13 @@ def from_server_info(payload: Any) -> dict[str, Any]:
     return out
 
 
+def from_props(payload: Any) -> dict[str, Any]:
+    """The limits in llama-server's ``/props`` answer (``total_slots``: its ``--parallel``), else {}."""
+    if not isinstance(payload, dict) or "total_slots" not in payload:
+        return {}
+    return {"max_num_seqs": payload["total_slots"]}
+
+
 def from_metrics(text: str) -> dict[str, Any]:
     """The KV cache's settings in a ``/metrics`` exposition's ``vllm:cache_config_info`` labels, else {}."""
     found = _INFO.search(text)
@@ -116,9 +133,9 @@ async def _get(client: Any, url: str, timeout_s: float) -> Any:
 async def read_limits(
     client: Any, base_url: str, card: dict[str, Any], timeout_s: float = ASK_TIMEOUT_S
 ) -> ServerLimits:
-    """The limits ``base_url``'s server states: on ``card`` (its ``/models`` entry), at ``/server_info``, in
-    ``/metrics`` (in that order, the first answer kept); each wait at most ``timeout_s`` seconds. Never raises for
-    a server without those endpoints: what it does not state stays None."""
+    """The limits ``base_url``'s server states: on ``card`` (its ``/models`` entry), at ``/server_info``, at
+    ``/props``, in ``/metrics`` (in that order, the first answer kept); each wait at most ``timeout_s`` seconds.
+    Never raises for a server without those endpoints: what it does not state stays None."""
     limits = ServerLimits()
     limits.take(card, f"{base_url}/models")
     root = server_root(base_url)
@@ -128,6 +145,14 @@ async def read_limits(
         if r is not None:
             try:
                 limits.take(from_server_info(r.json()), where)
+            except ValueError:
+                pass
+    if limits.max_num_seqs is None:
+        where = f"{root}/props"
+        r = await _get(client, where, timeout_s)
+        if r is not None:
+            try:
+                limits.take(from_props(r.json()), where)
             except ValueError:
                 pass
     if any(getattr(limits, k) is None for k in CACHE):

@@ -2,7 +2,7 @@
 
     python -m experiments.studies.cluster_bench                  # both cases
     python -m experiments.studies.cluster_bench --case cluster   # 16 replicas, 1M requests, least_tokens
-    python -m experiments.studies.cluster_bench --case plan      # the README's plan (3 GPU kinds x 4 TP x 2 settings)
+    python -m experiments.studies.cluster_bench --case plan      # the docs' plan (3 GPU kinds x 4 TP x 2 settings)
 
 cluster: llama-3-8b on 16 H100 SXM replicas (chunked prefill, `vllm serve` defaults) behind least_tokens, 1M requests
 with ShareGPT-like lengths (as ``experiments.studies.bench``) at 320 requests/s (20 per replica); goal: under 120 s
@@ -31,8 +31,8 @@ GOALS = {"cluster": (120.0, 3072.0), "plan": (60.0, None)}
 
 
 def cluster_case(size: int) -> dict[str, Any]:
-    from experiments.config import RunConfig
-    from experiments.simulation import build_workload, run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import build_workload, run_simulation
 
     def config(n: int) -> RunConfig:
         return RunConfig.model_validate(

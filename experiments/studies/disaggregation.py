@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
-from experiments.simulation import run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation
 from experiments.studies.ratesearch import max_rate
 
 BASE = {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": "chunked", "max_model_len": 8192, "seed": 0}

@@ -1,4 +1,5 @@
-"""ferry against published end-to-end measurements of serving engines, per source: the README's end-to-end table.
+"""ferry against published end-to-end measurements of serving engines, per source: the end-to-end table of
+docs/checks/published.md.
 
     python -m experiments.studies.end_to_end                 # every source (about 2 minutes on 2 cores)
     python -m experiments.studies.end_to_end --quick         # every 4th setting of each source
@@ -11,7 +12,7 @@ measured serving runs shipped in aiconfigurator-core 0.12.0 (``systems/silicon_s
 package: mean TTFT and TPOT at a fixed concurrency, simulated as that many clients in a closed loop, each sending its
 next request when the last has ended, ten requests each). The profiles are fitted to NVIDIA's kernel tables only;
 none of these numbers was fitted on. Each point is simulated with ``ferry run``'s code
-(``experiments.simulation.run_simulation``); the summary is, per source and metric, the median and p90 of
+(``experiments.runner.simulation.run_simulation``); the summary is, per source and metric, the median and p90 of
 |ferry / published - 1| and the median signed error (< 0: ferry predicts less).
 
 A fixed-concurrency TTFT depends on how the benchmark's clients send: a closed loop whose clients all start at once,
@@ -47,6 +48,22 @@ SILICON_MODELS = {
 DEVICES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
 ENGINES = {"vllm": "", "sglang": ".sglang", "trtllm": ".trtllm"}
 QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+
+
+# NVIDIA's NVFP4 export of each model with NVFP4 rows: Llama 3.1 70B and 3.3 70B have one shape, and 3.3's export is
+# the one NVIDIA publishes (costmodel/models/README.md)
+NVFP4_CHECKPOINTS = {"llama-3.1-70b": "llama-3.3-70b-nvfp4", "llama-3.3-70b": "llama-3.3-70b-nvfp4"}
+
+
+def checkpoint(model: str, quant: str | None) -> tuple[str, str | None]:
+    """(model, --quantization) of a row: NVFP4 weights come only from a checkpoint quantized offline (vLLM and
+    TensorRT-LLM make none at load), so an nvfp4 row runs that checkpoint's config (``NVFP4_CHECKPOINTS``) with no
+    --quantization; the others quantize the model's own at load."""
+    if quant == "nvfp4":
+        return NVFP4_CHECKPOINTS[model], None
+    return model, quant
+
+
 # TensorRT-LLM's throughput runs: its documented defaults (published.yaml, settings)
 ROUNDS = 10  # requests each client of a fixed-concurrency run sends (the silicon runs' count is not published)
 SEEDS = 3  # workloads drawn per point whose lengths are random: the prediction is their mean (the expected value)
@@ -72,8 +89,9 @@ class Point:
 def trtllm_points(source: dict[str, Any]) -> list[Point]:
     out = []
     for model, profile, tp, quant, isl, osl, requests, value in source["points"]:
-        config = TRTLLM_THROUGHPUT | {"model": model, "hardware": profile, "tensor_parallel_size": tp,
-                                      "quantization": quant, "num_prompts": requests, "input_len": isl,
+        ckpt, flag = checkpoint(model, quant)
+        config = TRTLLM_THROUGHPUT | {"model": ckpt, "hardware": profile, "tensor_parallel_size": tp,
+                                      "quantization": flag, "num_prompts": requests, "input_len": isl,
                                       "output_len": osl, "request_rate": math.inf}  # fmt: skip
         out.append(Point("trtllm-perf-overview", "output_throughput", float(value), config,
                          label=f"{model} {profile} tp{tp} {quant} {isl}/{osl}"))  # fmt: skip
@@ -97,9 +115,10 @@ def silicon_points(source: dict[str, Any] | None = None) -> list[Point]:
     for r in rows.itertuples(index=False):
         quant = QUANTIZATION.get(str(r.gemm_quant_mode)) if isinstance(r.gemm_quant_mode, str) else None
         concurrency = int(r.batch_size)
-        config: dict[str, Any] = {"model": SILICON_MODELS[r.model_path],
+        ckpt, flag = checkpoint(SILICON_MODELS[r.model_path], quant)
+        config: dict[str, Any] = {"model": ckpt,
                                   "hardware": DEVICES[r.system] + ENGINES[r.backend],
-                                  "tensor_parallel_size": int(r.tp_size), "quantization": quant, "policy": "chunked",
+                                  "tensor_parallel_size": int(r.tp_size), "quantization": flag, "policy": "chunked",
                                   "input_len": int(r.isl), "output_len": int(r.osl)}  # fmt: skip
         if r.backend == "trtllm" and quant is not None:  # a ModelOpt checkpoint: its KV cache is FP8
             config["kv_cache_dtype"] = "fp8"
@@ -124,8 +143,8 @@ def silicon_points(source: dict[str, Any] | None = None) -> list[Point]:
 
 
 def _summary(config: dict[str, Any]) -> dict[str, Any]:
-    from experiments.config import RunConfig
-    from experiments.simulation import run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import run_simulation
 
     return run_simulation(RunConfig.model_validate(config), detail=False).summary
 
@@ -149,8 +168,8 @@ def clients(workload: Workload, concurrency: int) -> Workload:
 def closed_loop(config: dict[str, Any], concurrency: int, rounds: int = ROUNDS) -> dict[str, Any]:
     """The summary of ``rounds`` requests from each of ``concurrency`` clients in a closed loop (``clients``): the
     first round arrives at once, as a benchmark starts, and the means are over every request, as it reports them."""
-    from experiments.config import RunConfig
-    from experiments.simulation import build_workload, run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import build_workload, run_simulation
 
     run = RunConfig.model_validate(config | {"num_prompts": rounds * concurrency, "request_rate": math.inf})
     return run_simulation(run, clients(build_workload(run), concurrency), detail=False).summary

@@ -202,8 +202,8 @@ def gpu_ms(hardware: HardwareProfile, batch: int) -> float:
 
 def trtllm_runs(setup: dict[str, object], title: str) -> tuple[str, dict[str, list[float]]]:
     """The TensorRT-LLM table's workloads simulated under ``setup`` with the datasheet default and every preset."""
-    from experiments.config import RunConfig
-    from experiments.simulation import run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import run_simulation
 
     names = [DEFAULT, *list_engines()]
     errors: dict[str, list[float]] = {name: [] for name in names}

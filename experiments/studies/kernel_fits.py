@@ -1,4 +1,5 @@
-"""Every device profile fitted to NVIDIA's measured kernel database, and their held-out errors: the README's table.
+"""Every device profile fitted to NVIDIA's measured kernel database, and their held-out errors (the tables of
+docs/checks/measured-kernels.md).
 
     python -m experiments.studies.kernel_fits                  # fit and print (nothing written)
     python -m experiments.studies.kernel_fits --write          # also write hwprofiles/<device>[.<framework>].yaml
@@ -9,7 +10,7 @@ TensorRT-LLM), this fits the device's datasheet profile to the engine's current 
 ``ferry calibrate --from-aiconfigurator SYSTEM --framework F`` does, and prints per kernel class (GEMM, prefill and
 decode attention, all-reduce) the held-out median and p90 of |predicted / measured - 1|, for the fitted curves alone
 and for the tables (what ferry uses where the package is installed), over every measured shape and over the shapes
-of ferry's built-in dense models (``--markdown``: both as the README's tables), beside how far the database agrees
+of ferry's built-in dense models (``--markdown``: both as the docs' tables), beside how far the database agrees
 with itself (``measured.neighbour_spread``: its GEMMs at m and m + 1). About 3 s per profile.
 """
 
@@ -51,7 +52,7 @@ def fit_all(systems: list[str], frameworks: list[str], write: Path | None) -> pd
 
 
 def markdown(errors: pd.DataFrame, models: bool = False) -> str:
-    """The README table: one row per profile, per class the held-out median / p90 of the tables (and the curves);
+    """The docs' table: one row per profile, per class the held-out median / p90 of the tables (and the curves);
     ``models``: of the tables on the held-out shapes of ferry's built-in dense models alone (and how many)."""
     classes = [c for c in LABELS if c in set(errors["op_class"])]
     what = "tables, ferry's models (shapes)" if models else "tables (curves)"
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=sorted(SYSTEMS))
     p.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
     p.add_argument("--write", action="store_true", help=f"write the profiles into {PROFILES_DIR}")
-    p.add_argument("--markdown", action="store_true", help="print the README's table")
+    p.add_argument("--markdown", action="store_true", help="print the docs' table (docs/checks/measured-kernels.md)")
     args = p.parse_args(argv)
     errors = fit_all(args.systems, args.frameworks, PROFILES_DIR if args.write else None)
     if args.markdown:

@@ -1,12 +1,12 @@
 """ferry against published serving benchmarks of MoE models (GPT-OSS-120B, Qwen3-235B-A22B in BF16 and FP8,
-DeepSeek-R1): the README's MoE table.
+DeepSeek-R1): the MoE table of docs/checks/published.md.
 
     python -m experiments.studies.moe_published            # every point (about a minute on 2 cores)
     python -m experiments.studies.moe_published --json out.json
 
 The sources, their settings and their citations are in ``experiments/studies/moe_published.yaml``: each point is a
 `vllm bench serve` run of fixed-length random prompts sent all at once, simulated with ``ferry run``'s code
-(``experiments.simulation.run_simulation``) under the same `vllm serve` settings. Printed per point: the published
+(``runner.simulation.run_simulation``) under the same `vllm serve` settings. Printed per point: the published
 and predicted benchmark duration, total token throughput, mean TTFT and mean TPOT, and their ratio; then, per
 source, the median |ferry / published - 1| of each metric.
 """
@@ -46,8 +46,8 @@ def runs(sources: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def predict(point: dict[str, Any]) -> dict[str, float]:
-    from experiments.config import RunConfig
-    from experiments.simulation import run_simulation
+    from experiments.runner.config import RunConfig
+    from experiments.runner.simulation import run_simulation
 
     summary = run_simulation(RunConfig.model_validate(point["config"])).summary
     return {name: float(summary[key]) for name, key in METRICS}

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.config import RunConfig
-from experiments.simulation import run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation
 from experiments.studies.ratesearch import RateSearch, max_rate
 from sim.workload import synthetic
 from sim.workload.lengths import read_length_pairs

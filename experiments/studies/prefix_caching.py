@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
-from experiments.simulation import build_replica, run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import build_replica, run_simulation
 
 DEFAULT = {
     "model": "llama-3-8b",

@@ -34,10 +34,13 @@ def max_rate(
     start: float = 1.0,
     rel_tol: float = 0.03,
     max_evaluations: int = 30,
+    lower: Callable[[float, Summary], float] | None = None,
 ) -> RateSearch:
     """Highest rate (requests/s) whose ``evaluate(rate)`` summary ``meets`` the criterion, within ``rel_tol``.
 
-    Starts at ``start``, doubles (or halves) to bracket the crossing, then bisects the bracket geometrically."""
+    Starts at ``start``, doubles (or halves) to bracket the crossing, then bisects the bracket geometrically.
+    ``lower(rate, summary)``: the rate to try next below a ``rate`` that failed (default, and at most, half of it;
+    e.g. what an overloaded run's throughput says the configuration can carry)."""
     if not start > 0 or not 0 < rel_tol < 1:
         raise ValueError(f"start={start} must be > 0 and rel_tol={rel_tol} in (0, 1)")
     search = RateSearch(rate=0.0)
@@ -59,7 +62,8 @@ def max_rate(
             return search
     else:
         while len(search.tried) < max_evaluations:
-            lo = hi / 2
+            hint = lower(hi, search.tried[-1][1]) if lower is not None else hi / 2
+            lo = hint if 0 < hint < hi / 2 else hi / 2
             if ok(lo):
                 break
             hi = lo

@@ -5,7 +5,6 @@ it stopped. A point that raises is stored with its error and the sweep goes on."
 from __future__ import annotations
 
 import json
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from importlib import metadata
 from typing import Any
 
 from experiments import workers
+from experiments.sweep import overload
 from experiments.sweep.spec import Point, SweepSpec
 
 
@@ -27,9 +27,9 @@ def version() -> str:
 
 
 def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
-    """One point's row: the swept values, the status (``ok`` / ``error`` with the message), wall seconds, and
-    every scalar of the run's summary (``max_rate`` mode: of the run at the highest rate that met the SLO, with
-    ``max_rate`` and the ``evaluations`` behind it)."""
+    """One point's row: the swept values, the status (``ok`` / ``error`` with the message), wall seconds, every
+    scalar of the run's summary and whether it was overloaded (``experiments.sweep.overload``; ``max_rate`` mode: of
+    the run at the highest rate that met the SLO, with ``max_rate`` and the ``evaluations`` behind it)."""
     started = time.perf_counter()
     row: dict[str, Any] = {"point": point.index, "hash": point.hash, "status": "ok", "error": "",
                            "seed": point.params.get("seed", point.config.workload.seed if point.config else None),
@@ -40,9 +40,10 @@ def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
         if spec.mode == "max_rate":
             metrics = capacity(point, spec)
         else:
-            from experiments.simulation import run_simulation
+            from experiments.runner.simulation import run_simulation
 
-            metrics = scalars(run_simulation(point.config).summary)
+            summary = run_simulation(point.config).summary
+            metrics = scalars(summary) | overload.columns(summary)
         # a swept value stays as the sweep file gave it (the summary names a model or device its own way)
         row |= {k: v for k, v in metrics.items() if k not in point.params}
     except Exception as exc:  # noqa: BLE001 (a point's failure is recorded, not raised: the sweep goes on)
@@ -66,7 +67,7 @@ def capacity(point: Point, spec: SweepSpec) -> dict[str, Any]:
     """The highest request rate meeting the sweep's SLO (bisection over rates on the point's workload, its arrivals
     scaled), and the summary at that rate."""
     from experiments.plan.search import scaled, workload_rate
-    from experiments.simulation import build_workload, run_simulation
+    from experiments.runner.simulation import build_workload, run_simulation
     from experiments.studies.ratesearch import max_rate
 
     assert point.config is not None
@@ -86,7 +87,7 @@ def capacity(point: Point, spec: SweepSpec) -> dict[str, Any]:
 
     search = max_rate(evaluate, lambda s: bool(s["_meets"]), start=spec.rate_start, rel_tol=spec.rate_tolerance)
     best = next((s for r, s in reversed(search.tried) if r == search.rate and s["_meets"]), None)
-    out = scalars(best) if best is not None else {}
+    out = (scalars(best) | overload.columns(best)) if best is not None else {}
     out.pop("_meets", None)
     return out | {"max_rate": search.rate, "evaluations": json.dumps(tried)}
 
@@ -103,8 +104,11 @@ def execute(points: list[Point], spec: SweepSpec, jobs: int, dask: str | None,
     elif jobs <= 1:
         for point in points:
             on_done(run_point(point, spec))
-    else:
-        workers.for_each(partial(run_point, spec=spec), points, jobs, lambda _k, row: on_done(row))
+    else:  # each worker warmed once (imports, the compiled engine of every policy swept), then given points
+        swept = [p.config.scheduler.policy for p in points if p.config is not None and p.config.engine != "reference"]
+        warm = partial(workers.warm_engine, swept)
+        workers.for_each(partial(run_point, spec=spec), points, min(jobs, len(points)),
+                         lambda _k, row: on_done(row), warm)  # fmt: skip
 
 
 def _on_dask(points: list[Point], spec: SweepSpec, address: str, on_done: Callable[[dict[str, Any]], None]) -> None:
@@ -126,27 +130,3 @@ def _on_dask(points: list[Point], spec: SweepSpec, address: str, on_done: Callab
                 if future.key not in handed and future.status == "finished":
                     on_done(future.result())
             raise
-
-
-class Bar:
-    """Points done, and the time left at the rate so far; on a terminal only."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.started = total, 0, time.perf_counter()
-        self.enabled = sys.stderr.isatty()
-
-    def step(self) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.started
-        left = elapsed / self.done * (self.total - self.done)
-        width = 30
-        filled = int(width * self.done / max(self.total, 1))
-        sys.stderr.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done:,}/{self.total:,} points  "
-                         f"{elapsed:,.0f} s, about {left:,.0f} s left ")  # fmt: skip
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.done:
-            sys.stderr.write("\n")

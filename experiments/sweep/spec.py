@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from experiments.config import RunConfig
-from experiments.config_file import read_mapping
 from experiments.plan.slo import SLO, parse_slo
+from experiments.runner.config import RunConfig
+from experiments.runner.config_file import read_mapping
 
 MAX_POINTS = 1_000_000
 MAX_WHERE_CHARS = 10_000  # a where expression longer than this is a mistake (and slow to parse)

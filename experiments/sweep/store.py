@@ -27,6 +27,7 @@ class Store:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.folder = out / POINTS
+        self.table = out / TABLE
 
     def done(self) -> set[str]:
         """Hashes of the points already stored."""
@@ -45,9 +46,10 @@ class Store:
     def rows(self) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted(self.folder.glob("*.json"))] if self.folder.is_dir() else []
 
-    def write_table(self, swept: list[str], hashes: list[str], csv: bool = False) -> Path:
+    def write_table(self, swept: list[str], hashes: list[str], csv: bool = False) -> pd.DataFrame:
         """``results.parquet`` from the stored points of this sweep (``hashes``, in expansion order): one row each,
-        swept parameters as columns, then every metric; the swept names in the schema's metadata."""
+        swept parameters as columns, then every metric; the swept names in the schema's metadata. Returns the
+        table written (at ``self.table``)."""
         order = {h: k for k, h in enumerate(hashes)}
         rows = [r for r in self.rows() if r["hash"] in order]
         rows.sort(key=lambda r: order[r["hash"]])
@@ -58,13 +60,12 @@ class Store:
         frame = frame[columns + [c for c in frame.columns if c not in columns]]
         table = pa.Table.from_pandas(frame, preserve_index=False)
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"ferry.swept": json.dumps(swept)})
-        path = self.out / TABLE
-        tmp = path.with_name(f".{path.name}.partial")
+        tmp = self.table.with_name(f".{self.table.name}.partial")
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, self.table)
         if csv:
             frame.to_csv(self.out / "results.csv", index=False)
-        return path
+        return frame
 
 
 def _plain(value: Any) -> Any:

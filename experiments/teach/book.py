@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments import outputs
+from experiments.runner import outputs
 from experiments.teach.animate import draw_boats
 from experiments.teach.batching import draw_why_batching
 from experiments.teach.limits import draw_limits

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.config import RunConfig
-from experiments.simulation import run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation
 from experiments.teach.scenario import Scenario
 from sim.metrics import batch_frame, request_frame
 from sim.workload import Workload

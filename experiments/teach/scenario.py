@@ -29,8 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from costmodel import strict_yaml
-from experiments.config import RunConfig
 from experiments.errors import one_line
+from experiments.runner.config import RunConfig
 from policies.config import Number
 from sim.workload import Workload
 

@@ -17,8 +17,15 @@ from sim.workload.base import Workload
 from sim.workload.prefixes import Prefixes
 from sim.workload.sessions import multi_turn
 
-KINDS = ("chunked", "kv_pressure", "no_full_isl", "threshold", "adaptive", "few_seats", "prefix", "no_chunking",
-         "conversation")  # fmt: skip
+BASE_KINDS = ("chunked", "kv_pressure", "no_full_isl", "threshold", "adaptive", "few_seats", "prefix", "no_chunking",
+              "conversation")  # fmt: skip
+# speculative decoding on top of a kind above (``_drafter``): the kind it builds on, by name
+SPEC_KINDS = {"spec": "chunked", "spec_pressure": "kv_pressure", "spec_prefix": "prefix", "spec_dynamic": "few_seats",
+              "spec_no_chunking": "no_chunking", "spec_draft_model": "chunked", "spec_threshold": "threshold",
+              "spec_conversation": "conversation", "spec_padding": "chunked"}  # fmt: skip
+KINDS = BASE_KINDS + tuple(SPEC_KINDS)
+SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+RATES = (0.0, 0.2, 0.5, 0.7, 0.9, 1.0)
 
 
 def _arrivals(rng: np.random.Generator, n: int) -> list[float]:
@@ -33,6 +40,17 @@ def _arrivals(rng: np.random.Generator, n: int) -> list[float]:
 
 
 def one_case(kind: str, rng: np.random.Generator, name: str) -> Case:
+    if kind in SPEC_KINDS:
+        case = one_case(SPEC_KINDS[kind], rng, name)
+        if kind == "spec_padding":  # one-token prompts arriving while others decode: vLLM pads them to 1 + k
+            w = case.workload
+            short = np.where(rng.random(len(w)) < 0.7, 1, w.prompt_tokens)
+            short[0] = w.prompt_tokens[0]
+            arrival = np.cumsum(rng.exponential(0.01, len(w)))
+            case.workload = Workload(arrival, short.astype(np.int64), w.output_tokens)
+        case.settings["speculative"] = _drafter(kind, rng, case.settings)
+        case.name = f"{name}-{kind}"
+        return case
     n = int(rng.integers(1, 13))
     block_size = int(rng.choice([16, 32]))
     prompt = [int(x) for x in rng.integers(1, 300, n)]
@@ -97,6 +115,32 @@ def one_case(kind: str, rng: np.random.Generator, name: str) -> Case:
         total = int((-(-(workload.prompt_tokens + workload.output_tokens) // block_size)).sum()) + 1
         settings["num_gpu_blocks"] = int(rng.integers(need, max(need, total) + 2))
     return Case(f"{name}-{kind}", settings, workload)
+
+
+def _drafter(kind: str, rng: np.random.Generator, settings: dict) -> dict:
+    """A drafter for a speculative kind: its method (a draft model's for ``spec_draft_model``), 1-5 drafts, per-position
+    unconditional rates (non-increasing, now and then all accepted or none), the seed of the draws; a draft count by
+    batch size for ``spec_dynamic``; now and then EAGLE's block drop turned off. A chunk cap below ``1 + k`` is raised
+    to it (vLLM asserts when the cap cuts a request it pads with placeholders)."""
+    method = "draft_model" if kind == "spec_draft_model" else str(rng.choice(SPEC_METHODS))
+    k = 1 if method == "mtp" else int(rng.integers(1, 6))  # (ferry models one MTP module)
+    style = rng.integers(5)
+    if style == 0:
+        rates = [1.0] * k
+    elif style == 1:
+        rates = [0.0] * k
+    else:
+        rates = sorted((float(x) for x in rng.choice(RATES, k)), reverse=True)
+    out: dict = {"method": method, "num_speculative_tokens": k, "rates": rates, "seed": int(rng.integers(0, 1000))}
+    if kind == "spec_dynamic":
+        cut = int(rng.integers(1, max(2, settings["max_num_seqs"])))
+        out["num_speculative_tokens_per_batch_size"] = [[1, cut, k], [cut + 1, 64, int(rng.integers(0, k + 1))]]
+    if method in ("eagle", "eagle3", "mtp") and rng.integers(4) == 0:
+        out["disable_eagle_block_drop"] = True
+    if settings["long_prefill_token_threshold"]:
+        settings["long_prefill_token_threshold"] = max(settings["long_prefill_token_threshold"], k + 1)
+    settings["max_num_batched_tokens"] = max(settings["max_num_batched_tokens"], settings["max_num_seqs"] + 1)
+    return out
 
 
 def generate(count: int, seed: int = 0) -> list[Case]:

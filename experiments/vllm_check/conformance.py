@@ -27,8 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments.config import RunConfig
-from experiments.simulation import run_simulation
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation
+from experiments.runner.speculative import parse
+from experiments.runner.workload_config import WorkloadConfig
 from policies.config import SchedulerConfig
 from sim.workload.base import Workload
 
@@ -64,7 +66,7 @@ class Case:
 class Step:
     """One iteration as one side saw it."""
 
-    scheduled: list[tuple[str, int, int]]  # (request, tokens, computed before), in scheduling order
+    scheduled: list[tuple[str, int, int, int]]  # (request, tokens, computed before, draft tokens), in order
     preempted: int
     finished: int
     kv_blocks_used: int
@@ -74,17 +76,30 @@ class Step:
             other.scheduled, other.preempted, other.finished, other.kv_blocks_used)  # fmt: skip
 
     def show(self) -> str:
-        rows = ", ".join(f"{r}:{t}@{c}" for r, t, c in self.scheduled)
-        return (f"scheduled [{rows}] (request:tokens@computed before), preempted {self.preempted}, "
+        rows = ", ".join(f"{r}:{t}@{c}" + (f"+{d}" if d else "") for r, t, c, d in self.scheduled)
+        return (f"scheduled [{rows}] (request:tokens@computed before+draft tokens), preempted {self.preempted}, "
                 f"finished {self.finished}, KV blocks in use {self.kv_blocks_used}")  # fmt: skip
 
 
 def ferry_config(case: Case) -> RunConfig:
     s = case.settings
     chunked = s.get("enable_chunked_prefill", True)
+    spec: dict[str, Any] = s.get("speculative") or {}
+    speculative = None
+    if spec:  # the drafter the case names, accepting at its rates (vLLM's synthetic rejection sampler's)
+        speculative = {"method": spec["method"], "num_speculative_tokens": spec["num_speculative_tokens"],
+                       "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": spec["rates"]}  # fmt: skip
+        speculative |= {k: spec[k] for k in ("num_speculative_tokens_per_batch_size", "disable_eagle_block_drop")
+                        if k in spec}  # fmt: skip
+        if spec["method"] == "draft_model":
+            speculative["model"] = "llama-3-8b"  # (the draft's cost only: the scheduler reads none of it)
+    mtp = spec.get("method") == "mtp"  # a model with an MTP module (the scheduler reads only its lengths)
     return RunConfig(
-        model="llama-3-8b",
-        hardware="h100-sxm",
+        speculative_config=speculative and parse(speculative),
+        workload=WorkloadConfig(seed=spec.get("seed", 0)),
+        model="deepseek-v3" if mtp else "llama-3-8b",
+        hardware="h200" if mtp else "h100-sxm",
+        tensor_parallel_size=8 if mtp else 1,
         block_size=s["block_size"],
         num_gpu_blocks_override=s["num_gpu_blocks"],
         enable_prefix_caching=bool(s.get("enable_prefix_caching", False)),
@@ -118,7 +133,8 @@ class FerryRun:
 # what a case can exercise; ``main`` counts the cases that did, and the test asks for each
 FEATURES = ("chunked prefill", "preemption", "resumed with its own cached blocks", "prefix-cache hit",
             "cache eviction", "threshold cut a chunk", "lone request uncapped", "seats full", "conversation",
-            "chunking off")  # fmt: skip
+            "chunking off", "drafts verified", "placeholder drafts", "drafts cut short", "draft count by batch size",
+            "speculation with preemption", "speculation with a prefix-cache hit", "draft model's slots")  # fmt: skip
 
 
 def run_ferry(case: Case, engine: str = "reference") -> FerryRun:
@@ -133,11 +149,8 @@ def run_ferry(case: Case, engine: str = "reference") -> FerryRun:
     by_iter = {k: g for k, g in batches.groupby("iteration", sort=True)}
     for k in range(len(it)):
         g = by_iter.get(k)
-        rows = (
-            []
-            if g is None
-            else [(str(r), int(t), int(c)) for r, t, c in g[["request", "tokens", "context"]].to_numpy()]
-        )
+        columns = ["request", "tokens", "context", "drafts"]
+        rows = [] if g is None else [(str(r), int(t), int(c), int(d)) for r, t, c, d in g[columns].to_numpy()]
         steps.append(Step(rows, int(it.column("preempted")[k]), int(it.column("finished")[k]),
                           int(it.column("kv_blocks_used")[k])))  # fmt: skip
     arrival = np.asarray(records.requests.arrival, dtype=np.float64)
@@ -152,12 +165,15 @@ def features(case: Case, steps: list[Step], cache: dict[str, int]) -> set[str]:
     seen: dict[str, int] = {}  # request -> tokens computed after its last step
     prompt = {str(i): int(p) for i, p in enumerate(w.prompt_tokens)}
     threshold = s.get("long_prefill_token_threshold", 0)
+    spec = s.get("speculative") or {}
+    k = spec.get("num_speculative_tokens", 0)
+    counts: set[int] = set()  # draft counts of requests verified with their drafts
     for step in steps:
         if step.preempted:
             found.add("preemption")
         if len(step.scheduled) == s["max_num_seqs"]:
             found.add("seats full")
-        for req, tokens, before in step.scheduled:
+        for req, tokens, before, drafts in step.scheduled:
             if req not in seen and before > 0:
                 found.add("prefix-cache hit")
             if req in seen and before < seen[req] and before > 0:
@@ -168,7 +184,23 @@ def features(case: Case, steps: list[Step], cache: dict[str, int]) -> set[str]:
                     found.add("threshold cut a chunk")
             if threshold and len(step.scheduled) == 1 and tokens > threshold:
                 found.add("lone request uncapped")
-            seen[req] = before + tokens
+            if drafts:
+                found.add("drafts verified")
+                if req not in seen or before < seen[req]:  # just admitted: its drafts are placeholders
+                    found.add("placeholder drafts")
+                else:
+                    counts.add(drafts)
+            seen[req] = before + tokens - drafts  # (at least: the drafts may all be rejected)
+    if any(0 < c < k for c in counts) and not spec.get("num_speculative_tokens_per_batch_size"):
+        found.add("drafts cut short")
+    if len(counts) > 1 and spec.get("num_speculative_tokens_per_batch_size"):
+        found.add("draft count by batch size")
+    if spec and "preemption" in found:
+        found.add("speculation with preemption")
+    if spec and "prefix-cache hit" in found:
+        found.add("speculation with a prefix-cache hit")
+    if spec.get("method") == "draft_model" and "drafts verified" in found:
+        found.add("draft model's slots")
     if cache.get("prefix_cache_evictions", 0):
         found.add("cache eviction")
     if w.after is not None:
@@ -205,8 +237,8 @@ def run_vllm(inputs: list[dict[str, Any]], venv: Path) -> list[dict[str, Any]]:
 
 
 def vllm_steps(out: dict[str, Any]) -> list[Step]:
-    return [Step([(r, int(t), int(c)) for r, t, c in s["scheduled"]], len(s["preempted"]), len(s["finished"]),
-                 int(s["kv_blocks_used"])) for s in out["steps"]]  # fmt: skip
+    return [Step([(r, int(t), int(c), int(d)) for r, t, c, d in s["scheduled"]], len(s["preempted"]),
+                 len(s["finished"]), int(s["kv_blocks_used"])) for s in out["steps"]]  # fmt: skip
 
 
 def first_difference(case: Case, ferry: list[Step], vllm: list[Step], unfinished: list[str]) -> str | None:

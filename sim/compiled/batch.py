@@ -9,20 +9,22 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from sim.compiled import kv as kvc
-from sim.compiled.jit import kernel
-from sim.compiled.kvstate import CACHING, USED
-from sim.compiled.sessions import release_turns
 from sim.compiled.state import (
+    ACCEPTED_TOKENS,
     ARRIVAL,
     B_CACHED,
     B_HOLD,
     B_LEN,
+    B_RUNNING,
+    B_RUNNING_PREFILL,
     BATCH_IDS,
     BATCH_NEW,
     BATCH_NO,
+    BATCH_VERIFIED,
     COMPUTED,
     DEC_CTX,
+    DRAFT_TOKENS,
+    DRAFTS,
     FINISH,
     FINISHED,
     FIRST_SCHEDULED,
@@ -31,6 +33,8 @@ from sim.compiled.state import (
     HELD_DONE,
     LAST_TOKEN,
     LOG_BASE,
+    LOG_DEC,
+    LOG_PF,
     N_BATCH_ROWS,
     N_ITERS,
     NUM_HELD,
@@ -48,10 +52,19 @@ from sim.compiled.state import (
     STAMP,
     STATUS,
     UNFINISHED,
+    VF_CTX,
+    VF_NEW,
     W_LEN,
     is_prefilling,
+    remaining,
 )
+from sim.kernels import kv as kvc
+from sim.kernels.jit import kernel
+from sim.kernels.kvstate import CACHING, USED
+from sim.kernels.sessions import release_turns
+from sim.kernels.speculation import accepted
 from sim.records import tally, tally_end, tally_start
+from sim.speculation import NUM_DRAFTS, SEED, SP_HEAD
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -65,14 +78,32 @@ def batch_start(sc: IntArray) -> None:
     sc[B_LEN] = 0
     sc[B_HOLD] = 0
     sc[B_CACHED] = 0
+    sc[B_RUNNING] = 0
+    sc[B_RUNNING_PREFILL] = 0
     sc[BATCH_NO] += 1
 
 
 @kernel
+def end_running_pass(ri: IntArray, wk: IntArray, sc: IntArray) -> None:
+    """``BatchBuilder.end_running_pass``."""
+    sc[B_RUNNING] = sc[B_LEN]
+    for k in range(sc[B_LEN]):
+        if is_prefilling(ri, wk[BATCH_IDS, k]):
+            sc[B_RUNNING_PREFILL] = 1
+
+
+@kernel
 def batch_add(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int) -> None:
+    batch_add_verified(ri, wk, sc, req, tokens, tokens)
+
+
+@kernel
+def batch_add_verified(ri: IntArray, wk: IntArray, sc: IntArray, req: int, tokens: int, verified: int) -> None:
+    """``BatchBuilder.add``: ``req`` computes ``tokens``, of which ``verified`` are not draft tokens."""
     k = sc[B_LEN]
     wk[BATCH_IDS, k] = req
     wk[BATCH_NEW, k] = tokens
+    wk[BATCH_VERIFIED, k] = verified
     ri[STAMP, req] = sc[BATCH_NO]
     sc[B_LEN] = k + 1
 
@@ -86,31 +117,45 @@ def in_batch(ri: IntArray, sc: IntArray, req: int) -> bool:
 
 
 @kernel
-def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int]:
-    """Fill the shape rows from the batch, and its totals (``sc[SHAPE_CTX]``, ``sc[SHAPE_PF_TOKENS]``, for the log);
-    returns (prefill chunks, decodes, prefill chunks that sample)."""
+def build_shape(ri: IntArray, wk: IntArray, sc: IntArray) -> tuple[int, int, int, int]:
+    """``SchedulerState.shape_of``: fill the shape rows from the batch, and its totals for the log (``sc[SHAPE_CTX]``,
+    ``SHAPE_PF_TOKENS``, ``LOG_PF``, ``LOG_DEC``); returns (prefill chunks, decodes, prefill chunks that sample,
+    verified sequences)."""
     n_pf = 0
     n_dec = 0
+    n_vf = 0
+    log_pf = 0
     sampled = 0
     context = 0
     pf_tokens = 0
     for k in range(sc[B_LEN]):
         req = wk[BATCH_IDS, k]
         ctx = ri[COMPUTED, req]
+        new = wk[BATCH_NEW, k]
+        need = remaining(ri, req)
         context += ctx
-        if is_prefilling(ri, req):
-            wk[PF_NEW, n_pf] = wk[BATCH_NEW, k]
+        prefilling = is_prefilling(ri, req)
+        if prefilling:
+            pf_tokens += min(new, need)
+            log_pf += 1
+        if new > need:  # verified with its draft tokens (or placeholders)
+            wk[VF_NEW, n_vf] = new
+            wk[VF_CTX, n_vf] = ctx
+            n_vf += 1
+        elif prefilling:
+            wk[PF_NEW, n_pf] = new
             wk[PF_CTX, n_pf] = ctx
-            pf_tokens += wk[BATCH_NEW, k]
             n_pf += 1
-            if ctx + wk[BATCH_NEW, k] == ri[PROMPT, req] + ri[GENERATED, req]:
+            if ctx + new == ri[PROMPT, req] + ri[GENERATED, req]:
                 sampled += 1
         else:
             wk[DEC_CTX, n_dec] = ctx
             n_dec += 1
     sc[SHAPE_CTX] = context
     sc[SHAPE_PF_TOKENS] = pf_tokens
-    return n_pf, n_dec, sampled
+    sc[LOG_PF] = log_pf
+    sc[LOG_DEC] = sc[B_LEN] - log_pf
+    return n_pf, n_dec, sampled, n_vf
 
 
 @kernel
@@ -121,8 +166,7 @@ def complete(
     sc: IntArray,
     kv,  # noqa: ANN001
     ss,  # noqa: ANN001
-    n_pf: int,
-    n_dec: int,
+    sp,  # noqa: ANN001
     start: float,
     end: float,
     itl_sums: FloatArray,
@@ -133,19 +177,24 @@ def complete(
     batch_rows: IntArray,
 ) -> None:
     """Account for the batch that ran from ``start`` to ``end`` and log it (the logs have room: the loop checks);
-    ``batch_rows`` (``sim.records.BATCH_COLUMNS``) gets the batch's members unless it has no rows at all."""
+    ``batch_rows`` (``sim.records.BATCH_COLUMNS``) gets the batch's members unless it has no rows at all. ``sp`` is
+    the replica's speculative decoding (``sim.speculation``: its ``array``, its conditional rates, its counters)."""
     iteration = sc[N_ITERS]
     row = iteration - sc[LOG_BASE]  # in the log's chunk being written
     nb = sc[B_LEN]
+    spec, rates, counters = sp
     if batch_rows.shape[0] > 0:
         m = sc[N_BATCH_ROWS]
         for k in range(nb):
             req = wk[BATCH_IDS, k]
+            drafts = max(wk[BATCH_NEW, k] - remaining(ri, req), 0)
             batch_rows[m, 0] = iteration
             batch_rows[m, 1] = req
             batch_rows[m, 2] = wk[BATCH_NEW, k]
             batch_rows[m, 3] = ri[COMPUTED, req]
             batch_rows[m, 4] = 1 if is_prefilling(ri, req) else 0
+            batch_rows[m, 5] = drafts
+            batch_rows[m, 6] = _accepted(ri, spec, rates, req, drafts)
             m += 1
         sc[N_BATCH_ROWS] = m
     caching = kv[1][CACHING] != 0
@@ -154,7 +203,11 @@ def complete(
         if math.isnan(rf[FIRST_SCHEDULED, req]):
             rf[FIRST_SCHEDULED, req] = start
         ri[COMPUTED, req] += wk[BATCH_NEW, k]
-        kvc.register(kv, req, ri[COMPUTED, req])
+        # the verified tokens only (vLLM caches no draft token)
+        kvc.register(kv, req, min(ri[COMPUTED, req], ri[PROMPT, req] + ri[GENERATED, req]))
+    drafted = 0
+    took = 0
+    after = spec[SP_HEAD + min(nb, spec.shape[0] - SP_HEAD - 1)]  # drafts proposed after this step
     done = 0
     seats = sc[R_LEN]
     held = sc[NUM_HELD]
@@ -167,15 +220,32 @@ def complete(
             if math.isnan(rf[FIRST_SCHEDULED, req]):
                 rf[FIRST_SCHEDULED, req] = start
             ri[COMPUTED, req] += wk[BATCH_NEW, k]
-        if ri[COMPUTED, req] != ri[PROMPT, req] + ri[GENERATED, req]:
+        total = ri[PROMPT, req] + ri[GENERATED, req]
+        if ri[COMPUTED, req] < total:
+            ri[DRAFTS, req] = 0
             continue
+        made = 1
+        drafts = ri[COMPUTED, req] - total
+        if drafts > 0:  # the rejected drafts rolled back; the accepted ones and one more appended
+            a = _accepted(ri, spec, rates, req, drafts)
+            ri[COMPUTED, req] -= drafts - a
+            made = min(a + 1, ri[OUTPUT, req] - ri[GENERATED, req])
+            ri[DRAFT_TOKENS, req] += drafts
+            ri[ACCEPTED_TOKENS, req] += a
+            drafted += drafts
+            took += a
+            counters[NUM_DRAFTS] += 1
+            for j in range(a):
+                counters[1 + j] += 1
         if ri[GENERATED, req] == 0:
             rf[FIRST_TOKEN, req] = end
-        else:
+        else:  # one gap a step (the tokens of a step come as one chunk)
             gaps = tally(gaps, end - rf[LAST_TOKEN, req], itl_hist, itl_gaps)
-        ri[GENERATED, req] += 1
+        ri[GENERATED, req] += made
         rf[LAST_TOKEN, req] = end
+        ri[DRAFTS, req] = after  # proposed by the drafter (0 without speculation; cleared below if it is done)
         if ri[GENERATED, req] >= ri[OUTPUT, req]:
+            ri[DRAFTS, req] = 0
             rf[FINISH, req] = end
             done += 1
             if hold:
@@ -201,9 +271,9 @@ def complete(
             sc[UNFINISHED] -= done
     log_times[row, 0] = start
     log_times[row, 1] = end
-    log_counts[row, 0] = n_pf
+    log_counts[row, 0] = sc[LOG_PF]
     log_counts[row, 1] = sc[SHAPE_PF_TOKENS]
-    log_counts[row, 2] = n_dec
+    log_counts[row, 2] = sc[LOG_DEC]
     log_counts[row, 3] = sc[SHAPE_CTX]
     log_counts[row, 4] = kv_used
     log_counts[row, 5] = seats
@@ -211,5 +281,16 @@ def complete(
     log_counts[row, 7] = sc[W_LEN]
     log_counts[row, 8] = sc[PREEMPTED_SINCE]
     log_counts[row, 9] = done
+    log_counts[row, 10] = drafted
+    log_counts[row, 11] = took
     sc[PREEMPTED_SINCE] = 0
     sc[N_ITERS] = iteration + 1
+
+
+@kernel
+def _accepted(ri: IntArray, spec: IntArray, rates: FloatArray, req: int, drafts: int) -> int:
+    """``SchedulerState._verify`` for one request: the drafts it accepts of ``drafts`` scheduled (none of
+    placeholders, scheduled to a request that had no drafts)."""
+    if drafts <= 0 or ri[DRAFTS, req] <= 0:
+        return 0
+    return accepted(rates, spec[SEED], req, ri[GENERATED, req], drafts)

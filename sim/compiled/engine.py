@@ -14,6 +14,7 @@ word in. A single replica needs nothing in between and runs in segments of ``SEG
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -21,9 +22,8 @@ import numpy as np
 import simpy
 from numba import njit
 
+from costmodel import numba_cache
 from sim.compiled.batch import build_shape, complete
-from sim.compiled.jit import NO_REFCOUNTS, WITH_REFCOUNTS, kernel
-from sim.compiled.sessions import first_turns, sessions_of
 from sim.compiled.state import (
     ARRIVAL,
     B_LEN,
@@ -39,6 +39,7 @@ from sim.compiled.state import (
     N_DEC,
     N_ITERS,
     N_PF,
+    N_VF,
     NUM_SCALARS,
     NUM_WK,
     OUTPUT,
@@ -47,7 +48,13 @@ from sim.compiled.state import (
     ROUTED,
     SESSIONS,
     SLEEPING,
+    SPEC_K,
+    SPEC_LOOKAHEAD,
+    SPEC_PAD,
+    SPEC_SLOTS,
     UNFINISHED,
+    VF_CTX,
+    VF_NEW,
     W_HEAD,
     W_LEN,
     WAITING_Q,
@@ -59,31 +66,51 @@ from sim.compiled.state import (
     unpack,
     work_left,
 )
+from sim.kernels.jit import NO_REFCOUNTS, WITH_REFCOUNTS, kernel
+from sim.kernels.sessions import first_turns, sessions_of
 from sim.kvcache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import BatchLog, IterationLog, ItlLog, RunRecords
 from sim.request import RequestTable
+from sim.speculation import SP_HEAD, Speculation
 from sim.state import max_gaps
 
 NO_SESSIONS = sessions_of(np.full(1, -1, dtype=np.int64), np.zeros(1))  # a replica without conversations
+
+
+def speculation_arrays(spec: Speculation | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A replica's speculative decoding as the compiled loop takes it (``sp``): ``Speculation.array`` (its scalars
+    and the drafts proposed by batch size), the conditional acceptance rates, and the counters (``RunRecords
+    .speculation``); zeros without it (no drafts are ever proposed)."""
+    if spec is None:
+        return np.zeros(SP_HEAD + 1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64)
+    size = len(spec.per_batch) - 1 if spec.per_batch is not None else 0
+    return spec.array(size), spec.rates.copy(), spec.counters()
+
 
 # what a segment ended with
 DONE, PAUSED, LOG_FULL, BAD_WAIT, BAD_DURATION, BATCH_LOG_FULL, IDLE = range(7)
 SEGMENT_ITERATIONS = 200_000
 
 
-# The loop and the timer's call are compiled in each process, once per policy and timer (~2 s): numba's cache cannot
-# key on a function given as an argument (everything else they call is cached). The loop is not reference counted
-# (``sim.compiled.jit``); the call of the timer is, since the cost model allocates (a callee inherits the flag of its
-# caller unless it sets its own).
-@njit(**WITH_REFCOUNTS)
-def time_iteration(timer: Any, timer_args: Any, wk: np.ndarray, n_pf: int, n_dec: int, sampled: int) -> float:
-    """Seconds the iteration of the shape in ``wk`` takes (the cost model's ``timer``)."""
-    seconds: float = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled)
+# The loop is written once, below, as a template over two global names, ``schedule`` (the policy kernel) and
+# ``timer`` (the cost model's compiled timer), and compiled once per pair by ``segment_runner``, which binds them as
+# globals of a copy of the function. numba calls a global function directly and caches the result on disk; a function
+# passed as an argument would be a run-time address, which numba cannot cache ("uses dynamic globals"), and the loop,
+# with everything it calls, was compiled again in every process (~5 s at the start of each run).
+schedule: Any = None
+timer: Any = None
+
+
+def time_iteration(timer_args: Any, wk: np.ndarray, n_pf: int, n_dec: int, sampled: int, n_vf: int) -> float:
+    """Seconds the iteration of the shape in ``wk`` takes (the cost model's ``timer``). Reference counted, unlike the
+    loop (``sim.kernels.jit``): the cost model allocates, and a callee inherits the flag of its caller unless it
+    sets its own."""
+    seconds: float = timer(timer_args, wk[PF_NEW, :n_pf], wk[PF_CTX, :n_pf], wk[DEC_CTX, :n_dec], sampled,
+                           wk[VF_NEW, :n_vf], wk[VF_CTX, :n_vf])  # fmt: skip
     return seconds
 
 
-@njit(**NO_REFCOUNTS)
 def run_segment(
     ri: np.ndarray,
     rf: np.ndarray,
@@ -91,11 +118,10 @@ def run_segment(
     sc: np.ndarray,
     kv: Any,
     ss: Any,
+    sp: Any,
     clock: np.ndarray,
     logs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    schedule: Any,
     params: np.ndarray,
-    timer: Any,
     timer_args: Any,
     now: float,
     stop_at: float,
@@ -107,7 +133,8 @@ def run_segment(
     every request has ended (DONE), when nothing is left and a router may still route more (IDLE), after
     ``max_iterations`` iterations, or when a log is full. Returns (what ended it, the replica's clock). ``logs`` is
     ``(itl sums, itl histogram, itl gaps, iteration times, iteration counts, batch rows)``; a batch log without rows
-    is not kept. ``kv`` is the KV cache (``sim.compiled.kvstate``), ``ss`` the conversations (``sim.compiled.state``).
+    is not kept. ``kv`` is the KV cache (``sim.kernels.kvstate``), ``ss`` the conversations (``sim.compiled.state``),
+    ``sp`` the speculative decoding (``speculation_arrays``).
     The iteration in flight and the wake-up time persist in ``sc`` and ``clock`` between calls."""
     itl_sums, itl_hist, itl_gaps, log_times, log_counts, batch_rows = logs
     iterations = 0
@@ -120,8 +147,8 @@ def run_segment(
             end = clock[FLIGHT_END]
             if end >= stop_at:
                 return PAUSED, now
-            complete(ri, rf, wk, sc, kv, ss, sc[N_PF], sc[N_DEC], clock[FLIGHT_START], end, itl_sums, itl_hist,
-                     itl_gaps, log_times, log_counts, batch_rows)  # fmt: skip
+            complete(ri, rf, wk, sc, kv, ss, sp, clock[FLIGHT_START], end, itl_sums, itl_hist, itl_gaps, log_times,
+                     log_counts, batch_rows)  # fmt: skip
             sc[IN_FLIGHT] = 0
             now = end
             iterations += 1
@@ -160,34 +187,61 @@ def run_segment(
             sc[SLEEPING] = 1
             clock[WAKE] = wake
         else:  # start the batch; it is accounted for when it ends
-            n_pf, n_dec, sampled = build_shape(ri, wk, sc)
-            duration = time_iteration(timer, timer_args, wk, n_pf, n_dec, sampled)
+            n_pf, n_dec, sampled, n_vf = build_shape(ri, wk, sc)
+            duration = time_iteration(timer_args, wk, n_pf, n_dec, sampled, n_vf)
             if not duration > 0.0:
                 return BAD_DURATION, now
             clock[FLIGHT_START] = now
             clock[FLIGHT_END] = now + duration
             sc[N_PF] = n_pf
             sc[N_DEC] = n_dec
+            sc[N_VF] = n_vf
             sc[IN_FLIGHT] = 1
 
 
 _RUNNERS: dict[tuple[Any, Any], Any] = {}
 
 
-def segment_runner(schedule: Any, timer: Any) -> Any:
-    """``run_segment`` with the policy kernel and the timer fixed: numba types a function passed as an argument on
-    every call (tens of microseconds each), which a cluster, calling the loop once or more per request and replica,
-    cannot afford; fixed, a call costs a few microseconds. Compiled once per pair and process."""
-    key = (schedule, timer)
+def segment_runner(policy_kernel: Any, cost_timer: Any) -> Any:
+    """``run_segment`` compiled with ``schedule`` and ``timer`` bound to a policy kernel and a cost model's timer
+    (numba dispatchers): ``run(ri, rf, wk, sc, kv, ss, clock, logs, params, timer_args, now, stop_at,
+    max_iterations)``. Compiled once per pair and machine (numba's disk cache, keyed by the pair's names); loaded once
+    per pair and process."""
+    key = (policy_kernel, cost_timer)
     if key not in _RUNNERS:
-
-        @njit(**NO_REFCOUNTS)
-        def run(ri, rf, wk, sc, kv, ss, clock, logs, params, timer_args, now, stop_at, max_iterations):  # noqa: ANN001, ANN202
-            return run_segment(ri, rf, wk, sc, kv, ss, clock, logs, schedule, params, timer, timer_args, now, stop_at,
-                               max_iterations)  # fmt: skip
-
-        _RUNNERS[key] = run
+        cache = cacheable(policy_kernel, cost_timer)
+        timed = njit(cache=cache, **WITH_REFCOUNTS)(bound(time_iteration, _name_of(cost_timer), timer=cost_timer))
+        name = f"{_name_of(policy_kernel)}__{_name_of(cost_timer)}"
+        loop = bound(run_segment, name, schedule=policy_kernel, time_iteration=timed)
+        _RUNNERS[key] = njit(cache=cache, **NO_REFCOUNTS)(loop)
     return _RUNNERS[key]
+
+
+def cacheable(*functions: Any) -> bool:
+    """Whether a loop bound to ``functions`` may be kept on disk: numba keys a cached copy on the template's code and
+    ferry's source (``costmodel.numba_cache``), not on what is bound, so a kernel or timer of the user's own (a
+    test's, a script's) is compiled anew in each process."""
+    return all(_module_of(fn).split(".")[0] in numba_cache.PACKAGES for fn in functions)
+
+
+def bound(template: Callable[..., Any], suffix: str, **names: Any) -> Callable[..., Any]:
+    """A copy of ``template`` whose globals ``names`` are bound to the given objects, named ``template__suffix`` (the
+    name numba's disk cache files the compiled copy under, so every pair has its own entry)."""
+    name = f"{template.__name__}__{suffix}"
+    code = template.__code__.replace(co_name=name, co_qualname=name)
+    copy = types.FunctionType(code, {**template.__globals__, **names}, name, template.__defaults__)
+    copy.__doc__ = template.__doc__
+    return copy
+
+
+def _module_of(fn: Any) -> str:
+    return str(getattr(getattr(fn, "py_func", fn), "__module__", ""))
+
+
+def _name_of(fn: Any) -> str:
+    """A dispatcher's Python function as ``module_qualname`` (what a cache file may be named with)."""
+    py = getattr(fn, "py_func", fn)
+    return f"{py.__module__}.{py.__qualname__}".replace(".", "_").replace("<", "").replace(">", "")
 
 
 @kernel
@@ -220,12 +274,18 @@ class CompiledReplica:
         routed: bool = False,
         capacity: int = 1024,
         sessions: tuple[np.ndarray, np.ndarray] | None = None,
+        spec: Speculation | None = None,
     ) -> None:
         n = ri.shape[1]
         self.ri, self.rf, self.kv, self.itl = ri, rf, kv, itl
         self.wk = np.zeros((NUM_WK, max(capacity if routed else n, 1)), dtype=np.int64)
         self.sc = np.zeros(NUM_SCALARS, dtype=np.int64)
         self.sc[MAX_MODEL_LEN] = max_model_len
+        self.spec = spec
+        self.sp = speculation_arrays(spec)
+        if spec is not None:  # what the policy kernels read
+            self.sc[SPEC_K], self.sc[SPEC_LOOKAHEAD] = spec.num_speculative_tokens, spec.lookahead
+            self.sc[SPEC_SLOTS], self.sc[SPEC_PAD] = spec.draft_slots, int(spec.pad)
         if not routed:
             self.wk[INBOX, :n] = np.arange(n)
             self.sc[ROUTED] = self.sc[UNFINISHED] = n
@@ -257,24 +317,37 @@ class CompiledReplica:
             self._run, self._policy, self._timer = segment_runner(policy[0], timer[0]), policy, timer
         run, params, args = self._run, policy[1], timer[1]
         while True:
-            logs = self._logs
-            if logs is None or logs[2] is not self.itl.gaps:  # built again only when a log has grown
-                logs = self._logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts,
-                                     self.batches.rows)  # fmt: skip
-            code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.kv.arrays, self.ss, self.clock, logs, params,
-                                 args, self.now, stop_at, max_iterations)  # fmt: skip
+            code, self.now = run(self.ri, self.rf, self.wk, self.sc, self.kv.arrays, self.ss, self.sp, self.clock,
+                                 self.logs(), params, args, self.now, stop_at, max_iterations)  # fmt: skip
             if code == DONE or code == PAUSED or code == IDLE:
                 return code
-            self._logs = None
-            if code == LOG_FULL:
-                self.log.grow()
-                self.sc[LOG_BASE] = self.log.base
-            elif code == BATCH_LOG_FULL:
-                self.batches.grow()
-            elif code == BAD_WAIT:
-                raise RuntimeError(f"the compiled policy asked to wait until a time not after {self.now}")
-            else:
-                raise RuntimeError(f"the cost model gave a non-positive iteration time at {self.now}")
+            self.handle(code)
+
+    def logs(self) -> tuple[np.ndarray, ...]:
+        """The log arrays as the loop takes them (built again only when a log has grown)."""
+        logs = self._logs
+        if logs is None or logs[2] is not self.itl.gaps:
+            logs = self._logs = (self.itl.sums, self.itl.hist, self.itl.gaps, self.log.times, self.log.counts,
+                                 self.batches.rows)  # fmt: skip
+        return logs
+
+    def handle(self, code: int) -> None:
+        """What a segment that ended with ``code`` (not DONE, PAUSED or IDLE) asks for: a log grown, or an error."""
+        self._logs = None
+        if code == LOG_FULL:
+            self.log.grow()
+            self.sc[LOG_BASE] = self.log.base
+        elif code == BATCH_LOG_FULL:
+            self.batches.grow()
+        elif code == BAD_WAIT:
+            raise RuntimeError(f"the compiled policy asked to wait until a time not after {self.now}")
+        else:
+            raise RuntimeError(f"the cost model gave a non-positive iteration time at {self.now}")
+
+    def state(self, policy: tuple[Any, np.ndarray], timer: tuple[Any, Any]) -> tuple[Any, ...]:
+        """This replica's arrays as ``sim.compiled.cluster.route_arrivals`` takes them, with the policy's parameters
+        and the timer's arguments: (wk, sc, kv, ss, sp, clock, logs, params, timer_args)."""
+        return self.wk, self.sc, self.kv.arrays, self.ss, self.sp, self.clock, self.logs(), policy[1], timer[1]
 
     def next_event(self) -> float:
         """When this replica acts next (s): the end of its iteration in flight, its wake-up (inf: when routed to),
@@ -341,6 +414,7 @@ class CompiledReplica:
             engine="compiled",
             batches=self.batches if self.record_batches else None,
             prefix_cache=self.kv.counters() if isinstance(self.kv, PrefixCachingKV) else None,
+            speculation=self.sp[2] if self.spec is not None else None,
         )
 
 
@@ -353,6 +427,7 @@ def simulate_compiled(
     exact_itl: bool | None = None,
     on_segment: Callable[[float, int], None] | None = None,
     record_batches: bool = False,
+    spec: Speculation | None = None,
 ) -> RunRecords:
     """``sim.engine.simulate`` on the compiled loop: ``policy`` is a compiled policy's ``(kernel, params)`` and
     ``timer`` a cost model's ``compiled()`` pair. SimPy keeps the time: one timeout per segment of
@@ -363,7 +438,7 @@ def simulate_compiled(
         assert requests.think is not None
         sessions = (requests.after, requests.think)
     replica = CompiledReplica(ri, rf, kv, max_model_len, ItlLog(max_gaps(requests), exact_itl), record_batches,
-                              sessions=sessions)  # fmt: skip
+                              sessions=sessions, spec=spec)  # fmt: skip
     env = simpy.Environment()
 
     def process() -> Generator[simpy.Event, Any, None]:

@@ -1,13 +1,13 @@
 """The scheduler state as flat arrays, and its operations compiled with numba: the compiled engine's twin of
 ``sim.state`` (the batch and the accounting after it are in ``sim.compiled.batch``; the KV cache, which both engines
-share, is ``sim.compiled.kv``).
+share, is ``sim.kernels.kv``).
 
 Every function here mirrors a method of ``SchedulerState`` step for step (same order, same tie-breaks), so that a
 compiled policy (``policies.compiled``) on this state makes the very decisions its Python class makes on
 ``SchedulerState``; tests run both and compare the records to the last bit.
 
 The state is four arrays, passed to every function as ``ri, rf, wk, sc``, beside the KV cache's (``kv``,
-``sim.compiled.kvstate``) and the conversations' (``ss``: ``turn_at, turns, think``, ``sim.compiled.sessions``):
+``sim.kernels.kvstate``) and the conversations' (``ss``: ``turn_at, turns, think``, ``sim.kernels.sessions``):
 - ``ri`` int64 ``[row, request]``: the request counters (rows ``PROMPT`` ...);
 - ``rf`` float64 ``[row, request]``: arrival and the timestamps (rows ``ARRIVAL`` ...);
 - ``wk`` int64 ``[row, slot]``: the waiting queue (a ring buffer, FCFS, preempted requests back at the front), the
@@ -22,36 +22,44 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from sim.compiled import kv as kvc
-from sim.compiled.jit import kernel
-from sim.compiled.kvstate import BLOCK_SIZE, NUM_BLOCKS
-from sim.compiled.sessions import LEN, next_arrived, next_turn_at, reject_turns, release_turns
+from sim.kernels import kv as kvc
+from sim.kernels.jit import kernel
+from sim.kernels.kvstate import BLOCK_SIZE, NUM_BLOCKS
+from sim.kernels.sessions import LEN, next_arrived, next_turn_at, reject_turns, release_turns
 from sim.request import Reason, RequestTable, Status
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-# rows of ri
+# rows of ri (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS: speculative decoding's, ``RequestTable``'s columns of the names)
 PROMPT, OUTPUT, COMPUTED, GENERATED, STATUS, REASON, PREEMPTIONS, RECOMPUTED, ADMIT_ORDER, CACHED, STAMP = range(11)
-NUM_RI = 11
+DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS = range(11, 14)
+NUM_RI = 14
 # rows of rf
 ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH, RELEASED = range(6)
 NUM_RF = 6
 # rows of wk (INBOX: the requests routed to this replica, in arrival order; a single replica's are all of them;
-# SCRATCH and TOKENS: room for a list of requests and their tokens)
+# SCRATCH and TOKENS: room for a list of requests and their tokens; BATCH_VERIFIED: of each batch entry's tokens, those
+# not draft tokens; VF_NEW, VF_CTX: the shape's verified sequences)
 WAITING_Q, RUNNING_Q, BATCH_IDS, BATCH_NEW, SCRATCH, TOKENS, PF_NEW, PF_CTX, DEC_CTX, INBOX = range(10)
-NUM_WK = 10
+BATCH_VERIFIED, VF_NEW, VF_CTX = range(10, 13)
+NUM_WK = 13
 # indices of sc
 W_HEAD, W_LEN, R_LEN, ARRIVED, ADMISSIONS, UNFINISHED, NUM_HELD, PREEMPTED_SINCE = range(8)
 B_LEN, B_HOLD, BATCH_NO, MAX_MODEL_LEN, N_ITERS, N_BATCH_ROWS = range(8, 14)  # N_BATCH_ROWS: rows of the batch log
-# B_CACHED: entries of the batch whose blocks a prefix cache has cached (``sim.compiled.kv.found``); ROUTED: requests
+# B_CACHED: entries of the batch whose blocks a prefix cache has cached (``sim.kernels.kv.found``); ROUTED: requests
 # in the inbox; MORE: 1 while a router may still route more (a replica of a cluster); IN_FLIGHT:
 # an iteration has been decided and not yet accounted for (its shape has N_PF prefill chunks and N_DEC decodes);
 # SLEEPING: waiting until ``clock[WAKE]`` (inf: until something is routed to it); SESSIONS: 1 with conversations;
 # LOG_BASE: iterations in the iteration log's full chunks (``sim.records.IterationLog``); SHAPE_CTX and
 # SHAPE_PF_TOKENS: the iteration in flight's context and prefill tokens
 ROUTED, MORE, IN_FLIGHT, N_PF, N_DEC, SLEEPING, SESSIONS, LOG_BASE, B_CACHED, SHAPE_CTX, SHAPE_PF_TOKENS = range(14, 25)
-NUM_SCALARS = 25
+# speculative decoding (``sim.speculation``): the replica's draft count, lookahead slots, input slots a request takes
+# and whether admissions are padded (0 without it); the batch's entries from the pass over the running requests and
+# whether one continued a prefill; the in-flight iteration's verified sequences, prefill entries and decodes (as the
+# log counts them: a padded prompt of one token is verified and a prefill)
+SPEC_K, SPEC_LOOKAHEAD, SPEC_SLOTS, SPEC_PAD, B_RUNNING, B_RUNNING_PREFILL, N_VF, LOG_PF, LOG_DEC = range(25, 34)
+NUM_SCALARS = 34
 # the float scalars of a run (``clock``): the iteration in flight, and the wake-up time of a sleeping replica
 FLIGHT_START, FLIGHT_END, WAKE = range(3)
 
@@ -61,9 +69,12 @@ EXCEEDS_MAX_MODEL_LEN = int(Reason.EXCEEDS_MAX_MODEL_LEN)
 EXCEEDS_KV_CACHE = int(Reason.EXCEEDS_KV_CACHE)
 STALLED = int(Reason.STALLED)
 
-_RI_COLUMNS = ("prompt", "output_wanted", "computed", "generated", "status", "reason", "preemptions", "recomputed",
-               "admit_order", "cached")  # fmt: skip
-_RF_COLUMNS = ("arrival", "first_scheduled", "first_token", "last_token", "finish", "released")
+# the request table's columns in ri, by row
+_RI_COLUMNS = ((PROMPT, "prompt"), (OUTPUT, "output_wanted"), (COMPUTED, "computed"), (GENERATED, "generated"),
+               (STATUS, "status"), (REASON, "reason"), (PREEMPTIONS, "preemptions"), (RECOMPUTED, "recomputed"),
+               (ADMIT_ORDER, "admit_order"), (CACHED, "cached"), (DRAFTS, "drafts"), (DRAFT_TOKENS, "draft_tokens"),
+               (ACCEPTED_TOKENS, "accepted_tokens"))  # fmt: skip
+_RF_COLUMNS = tuple(enumerate(("arrival", "first_scheduled", "first_token", "last_token", "finish", "released")))
 _INPUTS = ("prompt", "output_wanted", "arrival")  # never written back (a conversation's arrivals are shared)
 
 
@@ -73,7 +84,7 @@ def pack(requests: RequestTable) -> tuple[IntArray, FloatArray]:
     lengths and arrivals stay the table's own, but a conversation's arrivals, which the run writes."""
     n = len(requests)
     ri = np.zeros((NUM_RI, n), dtype=np.int64)
-    for row, name in enumerate(_RI_COLUMNS):
+    for row, name in _RI_COLUMNS:
         column = getattr(requests, name)
         if column.any():  # the zeros are there already (and untouched: np.zeros takes memory as it is written)
             ri[row] = column
@@ -81,7 +92,7 @@ def pack(requests: RequestTable) -> tuple[IntArray, FloatArray]:
             _share(requests, name, ri[row])
     ri[STAMP] = -1
     rf = np.zeros((NUM_RF, n))
-    for row, name in enumerate(_RF_COLUMNS):
+    for row, name in _RF_COLUMNS:
         rf[row] = getattr(requests, name)
         if row != ARRIVAL:
             _share(requests, name, rf[row])
@@ -100,7 +111,7 @@ def _share(requests: RequestTable, name: str, row: npt.NDArray[np.generic]) -> N
 def unpack(ri: IntArray, rf: FloatArray, requests: RequestTable) -> None:
     """Write back into the request table the columns ``pack`` could not hand over (of smaller types)."""
     for block, columns in ((ri, _RI_COLUMNS), (rf, _RF_COLUMNS)):
-        for row, name in enumerate(columns):
+        for row, name in columns:
             column = getattr(requests, name)
             if name not in _INPUTS and not np.may_share_memory(column, block):
                 column[:] = block[row]
@@ -257,6 +268,7 @@ def preempt(ri: IntArray, wk: IntArray, sc: IntArray, kv, req: int) -> None:  # 
     kvc.free(kv, req)
     ri[RECOMPUTED, req] += ri[COMPUTED, req]
     ri[COMPUTED, req] = 0
+    ri[DRAFTS, req] = 0  # vLLM drops a preempted request's drafts
     ri[PREEMPTIONS, req] += 1
     ri[STATUS, req] = WAITING
     push_front(wk, sc, req)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from sim.workload import traces
 from sim.workload.prefixes import Prefixes, from_hash_ids
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -41,9 +44,13 @@ class Workload:
     prefixes: Prefixes | None = None
     # sessions (multi-turn conversations), or None: row ``after[i]`` (an earlier row; -1 for none) is the turn before
     # row i, which is sent ``think_s[i]`` seconds after that turn's response has ended; its ``arrival_s`` is NaN until
-    # a simulation sets it. Rows with no turn before arrive at ``arrival_s``, in order
+    # a simulation sets it. Rows with no turn before arrive at ``arrival_s``, in order. A closed loop of clients
+    # (``closed_loop``): rows of ``after`` -2 (``sim.kernels.sessions.CLIENT``) are sent, in order, as slots free up,
+    # not before their ``think_s`` (when they were due)
     after: IntArray | None = None
     think_s: FloatArray | None = None
+    # a closed loop's slots (``sim.workload.clients``): at most this many requests in flight; None: an open loop
+    clients: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s) if isinstance(self.arrival_s, np.ndarray) else -1
@@ -63,7 +70,7 @@ class Workload:
             follows = self.after is not None and name == "arrival_s"
             finite = np.isfinite(values) if kind == np.float64 else None
             if follows and finite is not None:  # a later turn's arrival is not known before the simulation
-                finite = np.where(np.asarray(self.after) >= 0, np.isnan(values), finite)
+                finite = np.where(np.asarray(self.after) != -1, np.isnan(values), finite)
             _bad_row(name, values, None if finite is None else ~finite, "is not finite")
             _bad_row(name, values, values < 0, "is negative")
             view = values.view()
@@ -99,9 +106,11 @@ class Workload:
         think = np.ascontiguousarray(self.think_s, dtype=np.float64)
         if len(after) != n or len(think) != n:
             raise ValueError(f"after and think_s must have {n} rows")
-        bad = np.flatnonzero((after >= np.arange(n)) | (after < -1))
+        bad = np.flatnonzero((after >= np.arange(n)) | (after < -2))
         if bad.size:
-            raise ValueError(f"after row {int(bad[0])}: {int(after[bad[0]])} is not an earlier row (or -1)")
+            raise ValueError(f"after row {int(bad[0])}: {int(after[bad[0]])} is not an earlier row (or -1, -2)")
+        if (after == -2).any() and (after >= 0).any():
+            raise ValueError("after: a closed loop of clients (-2) sends requests of its own, not conversations' turns")
         _bad_row("think_s", think, ~np.isfinite(think) | (think < 0), "is not a time >= 0")
         for name, values in (("after", after), ("think_s", think)):
             view = values.view()
@@ -110,7 +119,7 @@ class Workload:
 
     def first_turns(self) -> IntArray:
         """Rows that arrive at their ``arrival_s`` (all of them without sessions)."""
-        return np.arange(len(self)) if self.after is None else np.flatnonzero(self.after < 0)
+        return np.arange(len(self)) if self.after is None else np.flatnonzero(self.after == -1)
 
     @classmethod
     def from_arrays(
@@ -152,6 +161,7 @@ class Workload:
             and _same_prefixes(self.prefixes, other.prefixes)
             and _same(self.after, other.after)
             and _same(self.think_s, other.think_s)
+            and self.clients == other.clients
         )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: compared by value, not hashable
@@ -184,6 +194,8 @@ class Workload:
         """Columns ``arrival_time_s, prompt_tokens, output_tokens, request_id``: the native trace format, so
         ``w.to_frame().to_csv(path, index=False)`` writes a file that ``load_trace(path)`` reads back
         exactly."""
+        import pandas as pd
+
         return pd.DataFrame(
             {
                 "arrival_time_s": self.arrival_s,

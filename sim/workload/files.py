@@ -14,9 +14,11 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 # compression, told by the first bytes (not the name); pandas and the standard library read all four
 _COMPRESSIONS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"))
@@ -84,6 +86,8 @@ CSV_OPTIONS: dict[str, Any] = {"skipinitialspace": True, "index_col": False}
 def read_frame(path: Path, where: str, **options: object) -> pd.DataFrame:
     """``pd.read_csv`` of a file whose compression and encoding ``sniff`` tells; what pandas raises about the
     file becomes a ``ValueError`` naming it. An empty file is an empty frame."""
+    import pandas as pd
+
     compression, encoding = sniff(path, where)
     try:
         return pd.read_csv(path, compression=compression, encoding=encoding, **CSV_OPTIONS, **options)

@@ -4,7 +4,7 @@ requests whose prompts start with the same segments, in the same order and of th
 tokens; the tokens after a request's segments are its own.
 
 Stored flat, as the workload's other columns: ``ids`` and ``tokens`` of every segment, request after request, and
-``offsets`` (``n + 1``) where each request's segments begin. ``sim.compiled.prefix`` turns them into the KV-cache
+``offsets`` (``n + 1``) where each request's segments begin. ``sim.kernels.prefix`` turns them into the KV-cache
 block keys ``sim.prefix_cache`` reuses.
 """
 

@@ -5,9 +5,13 @@ start. A bad value is a ``ValueError`` naming the file, the column and the row.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -43,6 +47,8 @@ def show(value: object) -> str:
 
 def numbers(series: pd.Series, where: str, column: str) -> FloatArray:
     """A column as float64; a missing, non-numeric or infinite value is an error naming its row."""
+    import pandas as pd
+
     if pd.api.types.is_bool_dtype(series.dtype):  # pandas reads a column of True/False as bool: not numbers
         series = series.astype(str)
     try:
@@ -72,6 +78,8 @@ def as_float(value: object) -> float:
 def tokens(series: pd.Series, where: str, column: str) -> IntArray:
     """A token-count column as int64: whole numbers in 0..MAX_TOKENS (0 is kept: the engine rejects it with a
     reason)."""
+    import pandas as pd
+
     values: npt.NDArray[np.int64] | npt.NDArray[np.uint64] | FloatArray
     if pd.api.types.is_integer_dtype(series.dtype):  # int64, or uint64 when a value is above 2**63 - 1
         values = series.to_numpy()
@@ -99,6 +107,8 @@ def seconds(series: pd.Series, where: str, column: str, unit_s: float) -> FloatA
 def datetimes(series: pd.Series, where: str, column: str) -> FloatArray:
     """Datetime strings -> seconds after the first row. ISO 8601 with any number of fractional digits (beyond
     nanoseconds they are cut) and an optional UTC offset; differences are taken in integer nanoseconds."""
+    import pandas as pd
+
     stamps = pd.to_datetime(series.str.strip(), format="ISO8601", utc=True, errors="coerce")
     bad = np.flatnonzero(stamps.isna().to_numpy())
     if bad.size:

@@ -1,0 +1,151 @@
+"""The run's tables as ferry writes them (``runner.columnar``): the CSV text ``DataFrame.to_csv`` wrote before,
+value for value and byte for byte, Parquet files that read back to the same columns, and the engine ``auto`` picks."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from experiments.commands.summary_table import format_summary
+from experiments.runner import columnar
+from experiments.runner.config import RunConfig
+from experiments.runner.simulation import run_simulation, write_outputs
+from sim.engine import AUTO_COMPILED_MIN_TOKENS, choose_engine
+from sim.metrics import request_frame
+from sim.records import SPEC_COLUMNS
+from sim.request import RequestTable
+
+SMALL = {"model": "llama-3-8b", "hardware": "h100-sxm", "policy": "chunked", "num_prompts": 60, "request_rate": 30.0,
+         "input_len": "uniform:16:512", "output_len": "uniform:1:64", "seed": 4}  # fmt: skip
+
+
+def _pandas_csv(columns: dict[str, np.ndarray]) -> bytes:
+    out = io.StringIO()
+    pd.DataFrame(columns).to_csv(out, index=False)
+    return out.getvalue().encode()
+
+
+def _written(columns: dict[str, np.ndarray], tmp_path: Path) -> bytes:
+    path = tmp_path / "t.csv"
+    columnar.write_csv(path, columns)
+    return path.read_bytes()
+
+
+def _old_writer_files(result: object, out: Path) -> dict[str, pd.DataFrame]:
+    """requests.csv and iterations.csv as the writer before the columnar one made them (``DataFrame.to_csv``)."""
+    records = result.records  # type: ignore[attr-defined]
+    requests = _spec_last(request_frame(records).assign(replica=0))
+    iterations = _spec_last(records.iterations.to_frame().assign(replica=0))
+    out.mkdir()
+    requests.to_csv(out / "requests.csv", index=False)
+    iterations.to_csv(out / "iterations.csv", index=False)
+    return {"requests": requests, "iterations": iterations}
+
+
+def _spec_last(frame: pd.DataFrame) -> pd.DataFrame:
+    """The columns as a run writes them: speculative decoding's after every other (the order before them kept)."""
+    return frame[[c for c in frame.columns if c not in SPEC_COLUMNS] + list(SPEC_COLUMNS)]
+
+
+@pytest.mark.parametrize("engine", ["compiled", "reference"])
+def test_a_runs_csv_files_are_those_to_csv_wrote(tmp_path: Path, engine: str) -> None:
+    result = run_simulation(RunConfig.model_validate(SMALL | {"engine": engine}))
+    write_outputs(result, tmp_path / "new")
+    frames = _old_writer_files(result, tmp_path / "old")
+    for name, frame in frames.items():
+        new, old = tmp_path / "new" / f"{name}.csv", tmp_path / "old" / f"{name}.csv"
+        back_new, back_old = pd.read_csv(new), pd.read_csv(old)
+        assert list(back_new.columns) == list(frame.columns)
+        pd.testing.assert_frame_equal(back_new, back_old, check_exact=True)  # value for value
+        assert new.read_bytes() == old.read_bytes()  # and the very text
+
+
+def test_parquet_reads_back_to_the_same_columns(tmp_path: Path) -> None:
+    result = run_simulation(RunConfig.model_validate(SMALL | {"record_batches": True}))
+    paths = write_outputs(result, tmp_path, fmt="parquet")
+    assert sorted(p.name for p in paths) == ["batches.parquet", "iterations.parquet", "requests.parquet",
+                                             "summary.json"]  # fmt: skip
+    expected = _spec_last(request_frame(result.records).assign(replica=0))
+    back = pd.read_parquet(tmp_path / "requests.parquet")
+    pd.testing.assert_frame_equal(back, expected, check_exact=True, check_dtype=False)
+    assert back["ttft_s"].dtype == np.float64 and back["status"].map(type).eq(str).all()
+    iterations = pd.read_parquet(tmp_path / "iterations.parquet")
+    pd.testing.assert_frame_equal(iterations, _spec_last(result.records.iterations.to_frame().assign(replica=0)),
+                                  check_exact=True, check_dtype=False)  # fmt: skip
+    assert len(pd.read_parquet(tmp_path / "batches.parquet")) == len(result.records.batches)
+
+
+def test_a_second_run_in_the_other_format_replaces_the_first(tmp_path: Path) -> None:
+    result = run_simulation(RunConfig.model_validate(SMALL | {"num_prompts": 5}))
+    write_outputs(result, tmp_path, fmt="parquet")
+    write_outputs(result, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iterations.csv", "requests.csv", "summary.json"]
+
+
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=-1e6, max_value=1e6),
+    st.integers(-(10**17), 10**17).map(float),
+    st.sampled_from([0.0, -0.0, 1e-4, 9.99e-5, 1e10, 1e15, 1e16, 5e-324, 0.1, 1 / 3]),
+)
+texts = st.one_of(st.none(), st.text(alphabet=st.sampled_from(list('ab ,"\n\r;é0'))), st.just(""))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(floats, st.integers(-(2**62), 2**62), texts, st.booleans()), min_size=1, max_size=40))
+def test_any_column_is_written_as_to_csv_writes_it(rows: list[tuple[float, int, str | None, bool]]) -> None:
+    columns = {
+        "f": np.array([r[0] for r in rows], dtype=np.float64),
+        "i": np.array([r[1] for r in rows], dtype=np.int64),
+        "s": np.array([r[2] for r in rows], dtype=object),
+        "b": np.array([r[3] for r in rows], dtype=bool),
+    }
+    if all(v in ("", None) for v in columns["s"]) and len(rows) == 1:
+        columns["s"][0] = "x"  # (a row of one empty field is quoted by the csv module; not a shape ferry writes)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        assert _written(columns, Path(tmp)) == _pandas_csv(columns)
+
+
+def test_many_rows_are_written_in_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columnar, "BLOCK_ROWS", 7)
+    rng = np.random.default_rng(0)
+    columns = {"x": rng.random(50) * 10.0 ** rng.integers(-6, 12, 50), "k": np.arange(50)}
+    assert _written(columns, tmp_path) == _pandas_csv(columns)
+    assert _written({"x": np.zeros(0)}, tmp_path) == _pandas_csv({"x": np.zeros(0)})
+
+
+def _table(tokens: int) -> RequestTable:
+    return RequestTable(np.zeros(2), np.array([8, 8]), np.array([tokens - tokens // 2, tokens // 2]))
+
+
+def test_auto_takes_the_reference_engine_for_a_small_job_and_says_so() -> None:
+    small, large = AUTO_COMPILED_MIN_TOKENS - 1, AUTO_COMPILED_MIN_TOKENS
+    assert choose_engine("auto", True, _table(small)) == (
+        "reference", f"auto: {small:,} output tokens, under {AUTO_COMPILED_MIN_TOKENS:,}")  # fmt: skip
+    assert choose_engine("auto", True, _table(large)) == ("compiled", f"auto: {large:,} output tokens")
+    assert choose_engine("auto", False, _table(large))[0] == "reference"
+    assert choose_engine("compiled", True, _table(1)) == ("compiled", "asked")
+    assert choose_engine("reference", True, _table(large)) == ("reference", "asked")
+
+
+def test_both_choices_give_the_same_records_and_the_header_names_the_choice() -> None:
+    n = math.ceil(AUTO_COMPILED_MIN_TOKENS / 16)
+    config = SMALL | {"output_len": "16", "request_rate": 200.0}
+    small = run_simulation(RunConfig.model_validate(config | {"num_prompts": n - 1}))
+    large = run_simulation(RunConfig.model_validate(config | {"num_prompts": n}))
+    assert (small.summary["engine"], large.summary["engine"]) == ("reference", "compiled")
+    assert "reference (auto: " in format_summary(small.summary)
+    assert "compiled (auto: " in format_summary(large.summary)
+    other = run_simulation(RunConfig.model_validate(config | {"num_prompts": n - 1, "engine": "compiled"}))
+    assert other.summary["engine_choice"] == "asked"
+    same = {k: v for k, v in small.summary.items() if k not in ("engine", "engine_choice", "config")}
+    assert same == {k: v for k, v in other.summary.items() if k not in ("engine", "engine_choice", "config")}
