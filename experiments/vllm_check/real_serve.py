@@ -101,6 +101,7 @@ class VllmServer:
         self.kv_cache_gib, self.port, self.ready_timeout_s = kv_cache_gib, port, ready_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s = float("nan")  # seconds it took to answer /health
+        self.warmed_to = 0  # the longest prompt warm_up sent (tokens)
 
     @property
     def root(self) -> str:
@@ -154,24 +155,34 @@ class VllmServer:
         self.stop()
         raise RuntimeError(f"vllm serve was not ready within {self.ready_timeout_s:g} s: {self.tail()}")
 
-    def warm_up(self, longest: int = WARM_UP_TOKENS, timeout_s: float = 60.0) -> float:
-        """Send one prompt of every length from 1 to ``longest`` tokens (one output token each, one after another)
-        and return the seconds it took. vLLM's CPU backend pays about 10 ms more for an iteration the first time it
+    def warm_up(self, longest: int = WARM_UP_TOKENS, budget_s: float | None = None, timeout_s: float = 60.0) -> float:
+        """Send one prompt of every length from 1 to ``longest`` tokens (one output token each, one after another,
+        shortest first; with ``budget_s``, none after that many seconds) and return the seconds it took; the longest
+        length sent is ``warmed_to``. vLLM's CPU backend pays about 10 ms more for an iteration the first time it
         sees its token count (measured on the wide preset: the first of three same-length prompts 47-55 ms, the
         next two 39-44 ms), so a server's first minutes are slower than its steady state; this visits every token
-        count an iteration can have under ``SETTINGS``' budget, as a server in service has long done."""
+        count an iteration can have under ``SETTINGS``' budget, as a server in service has long done. It costs
+        the sum of those iterations: seconds where the kernels are fast (AVX-512), about five minutes on an
+        AVX2-only CPU, whose bf16 kernels take ~10 ms a token, and where the first visit is lost in the noise
+        (wide preset, one prompt of each length four times: 1 token 29.6 ms then 27.6-27.9; 16 tokens 172 ms then
+        160-164; 256 tokens 2.40 s then 2.41-2.59). A budget then warms the short counts, where a first visit's
+        cost is the larger share of a step, and leaves the long ones."""
         import httpx
 
         rng = np.random.default_rng(0)
         t0 = time.monotonic()
+        self.warmed_to = 0
         with httpx.Client(timeout=timeout_s, trust_env=False) as client:
             for n in range(1, longest + 1):
+                if budget_s is not None and time.monotonic() - t0 >= budget_s:
+                    break
                 body = {"model": self.served_name, "prompt": rng.integers(100, 8000, n).tolist(), "max_tokens": 1,
                         "ignore_eos": True}  # fmt: skip
                 r = client.post(f"{self.url}/completions", json=body)
                 if r.status_code != 200:
                     got = f"HTTP {r.status_code}: {r.text[:200]}"
                     raise RuntimeError(f"warming up {self.url}: a {n}-token prompt got {got}")
+                self.warmed_to = n
         return time.monotonic() - t0
 
     def tail(self, n: int = 1500) -> str:
