@@ -102,4 +102,6 @@ def serving(args: list[str], stderr: Path, command: str = "serve") -> Iterator[t
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()  # the pipe of its stdout, whatever the test left unread
