@@ -16,6 +16,7 @@ from numba import njit
 
 import policies
 from costmodel.shape import IterationShape
+from experiments.children import ends_with_this_process
 from policies.config import SchedulerConfig
 from sim.engine import simulate
 from sim.kvcache import KVCacheManager
@@ -87,11 +88,12 @@ def run(
 @contextlib.contextmanager
 def serving(args: list[str], stderr: Path, command: str = "serve") -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``ferry COMMAND ARGS --port 0`` (``serve`` or ``explore``) as a subprocess: yields it and the URL its ready
-    line prints (``http://HOST:PORT/v1``, ``http://HOST:PORT/``) once it listens; killed at the end if still running.
-    Its stderr goes to ``stderr``."""
+    line prints (``http://HOST:PORT/v1``, ``http://HOST:PORT/``) once it listens; killed at the end if still running,
+    and sent SIGTERM should this process end first (killed from outside). Its stderr goes to ``stderr``."""
     cmd = [sys.executable, "-m", "experiments.cli", command, *args, "--port", "0"]
     with stderr.open("w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                                preexec_fn=ends_with_this_process())  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(proc.stdout.readline() if proc.stdout else ""), daemon=True).start()
     try:

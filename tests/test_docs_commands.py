@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.children import ends_with_this_process
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"  # the public data `make data` fetches: ../shared/data beside the clone
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -205,7 +207,7 @@ def _run_server(words: list[str], folder: Path) -> int:
     """Start a server, wait for its address, stop it with Ctrl-C; its exit status (0 or 130 is a clean stop)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", *words[1:]], cwd=folder, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        stderr=subprocess.STDOUT, text=True, preexec_fn=ends_with_this_process(),
     )  # fmt: skip
     seen = []
     try:

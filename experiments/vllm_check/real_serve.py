@@ -22,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+
+from experiments.children import ends_with_this_process, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -71,15 +72,10 @@ def build_model(out: Path, preset: str = "tiny", seed: int = 0, venv: str | Path
     return out
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class VllmServer:
     """``vllm serve MODEL_DIR`` on ``127.0.0.1``: ``start()`` returns once ``/health`` answers 200 (RuntimeError with
-    the end of its log if it exits or ``ready_timeout_s`` seconds pass first); ``stop()`` ends its session."""
+    the end of its log if it exits or ``ready_timeout_s`` seconds pass first); ``stop()`` ends its session,
+    and SIGTERM ends it should the process that started it be killed first (``experiments.children``)."""
 
     def __init__(
         self,
@@ -138,7 +134,7 @@ class VllmServer:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 self.command(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=self.environment(),
-                start_new_session=True,
+                start_new_session=True, preexec_fn=ends_with_this_process(),
             )  # fmt: skip
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.ready_timeout_s:
