@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.contention import CONTENDED, Contention, MeasuredAgain, _own_cpu_s, measured
+from tests.contention import (
+    CONTENDED,
+    DRIFT,
+    MAX_ATTEMPTS,
+    Contention,
+    Gauge,
+    MeasuredAgain,
+    _own_cpu_s,
+    measured,
+    spread,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
 SPIN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"  # ends on its own
@@ -93,3 +103,59 @@ def test_a_second_failure_reports_the_contention_of_both_attempts(monkeypatch: p
     message = str(failed.value)
     assert message.startswith("the replay: attempt 1, on a busy machine (other work took 45% of")
     assert "; then attempt 2, on a quiet machine (other work took 5% of" in message and message.count("1.0") >= 2
+
+
+def _gauge(*readings: float) -> Gauge:
+    """A gauge that reads these milliseconds, in turn."""
+    given = iter(readings)
+    return Gauge(lambda: next(given), "the step")
+
+
+def test_a_gauge_is_read_before_and_after_the_window_and_said() -> None:
+    gauge = _gauge(10.0, 12.5)
+    with Contention(gauge=gauge) as load:
+        time.sleep(1.1)
+    assert load.speed == [10.0, 12.5] and [ms for _, ms in gauge.readings] == [10.0, 12.5]
+    assert str(load).endswith("; the step 10.0 then 12.5 ms"), str(load)
+    assert spread(load.speed) == pytest.approx(0.25) and spread([10.0]) is None
+
+
+def test_failures_on_a_machine_whose_speed_changed_are_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two attempts over which the gauge doubled compared two machines; they do not count as the two failures
+    that fail the test, and the third attempt, on a steady machine, passes."""
+    monkeypatch.setattr(Contention, "__exit__", _quiet_with_gauge)
+    earlier = Contention(share=0.0, seconds=100.0, speed=[10.0, 10.5])  # the fixture's probe, on the fast machine
+    gauge = _gauge(20.0, 21.0, 10.0, 20.0, 15.0, 15.5)  # the replay slow; then a probe fast, its replay slow; steady
+    results = iter([1.0, 1.0, 0.1])
+    with pytest.warns(MeasuredAgain, match=r"attempt 1, on a quiet machine whose speed changed by 110% \(the step\)"):
+        assert measured(lambda attempt: next(results), _check, "the replay", [earlier], gauge=gauge) == 0.1
+
+
+def test_two_failures_on_a_steady_machine_fail_and_changes_end_at_the_last_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrong time fails every draw: two failures on a machine whose speed held within DRIFT fail the test, with
+    what the gauge read; a machine that never holds still ends it at MAX_ATTEMPTS."""
+    monkeypatch.setattr(Contention, "__exit__", _quiet_with_gauge)
+    steady = 10.0 * (1 + DRIFT / 2)
+    attempts: list[int] = []
+
+    def wrong(attempt: int) -> float:
+        attempts.append(attempt)
+        return 1.0
+
+    with pytest.raises(AssertionError) as failed:
+        measured(wrong, _check, "the replay", gauge=_gauge(10.0, steady, 10.0, steady))
+    assert attempts == [0, 1] and "speed changed" not in str(failed.value)
+    assert str(failed.value).count(f"the step 10.0 then {steady:.1f} ms") == 2, failed.value
+    attempts.clear()
+    with pytest.raises(AssertionError) as failed:
+        measured(wrong, _check, "the replay", gauge=_gauge(*[10.0, 30.0] * MAX_ATTEMPTS))
+    assert attempts == list(range(MAX_ATTEMPTS)) and str(failed.value).count("speed changed by 200%") == MAX_ATTEMPTS
+
+
+def _quiet_with_gauge(self: Contention, *exc: object) -> None:
+    """Contention.__exit__ on a quiet machine: no other work, and the gauge read after the window."""
+    self.share = 0.0
+    if self.gauge is not None:
+        self.speed.append(self.gauge())

@@ -224,6 +224,26 @@ class LlamaServer:
         asyncio.run(run())
         return time.monotonic() - t0
 
+    def decode_step_ms(self, requests: int = 5, tokens: int = 32, timeout_s: float = 60.0) -> float:
+        """The server's own time per decode step of one request alone (ms): the median, over ``requests`` requests
+        sent one after another (a 64-token prompt, ``tokens`` tokens out), of the ``timings.predicted_per_token_ms``
+        llama-server returns with each response (``server-task.cpp``, ``result_timings``), which the client's speed
+        does not touch. A gauge of the machine's speed for this model, for tests that time the server
+        (``tests/contention.py``)."""
+        import httpx
+
+        prompt = np.random.default_rng(1).integers(100, 8000, 64).tolist()
+        body = {"model": self.served_name, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True,
+                "temperature": 0.0}  # fmt: skip
+        steps = []
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            for _ in range(requests):
+                r = client.post(f"{self.url}/completions", json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(f"timing a decode step at {self.url}: HTTP {r.status_code}: {r.text[:200]}")
+                steps.append(float(r.json()["timings"]["predicted_per_token_ms"]))
+        return float(np.median(steps))
+
     def tail(self, n: int = 1500) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return " | ".join(text[-n:].splitlines()[-12:])

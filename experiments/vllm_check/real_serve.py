@@ -181,6 +181,27 @@ class VllmServer:
                 self.warmed_to = n
         return time.monotonic() - t0
 
+    def decode_step_ms(self, requests: int = 5, tokens: int = 32, timeout_s: float = 60.0) -> float:
+        """The engine's own time per decode step of one request alone (ms): ``requests`` requests sent one after
+        another (a 64-token prompt, ``tokens`` tokens out), and the mean of vLLM's inter-token latency histogram over
+        them (``/metrics``, ``server_timings``: the gaps between the engine core's output timestamps, which the
+        client's speed does not touch). A gauge of the machine's speed for this model, for tests that time the
+        server (``tests/contention.py``)."""
+        import httpx
+
+        prompt = np.random.default_rng(1).integers(100, 8000, 64).tolist()
+        body = {"model": self.served_name, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True}
+        before = server_timings(self.root)
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            for _ in range(requests):
+                r = client.post(f"{self.url}/completions", json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(f"timing a decode step at {self.url}: HTTP {r.status_code}: {r.text[:200]}")
+        itl = timing_means(before, server_timings(self.root))["inter_token_latency_seconds"]
+        if itl is None:
+            raise RuntimeError(f"timing a decode step at {self.url}: /metrics counted no inter-token latency")
+        return 1e3 * float(itl)
+
     def tail(self, n: int = 1500) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return " | ".join(text[-n:].splitlines()[-12:])
