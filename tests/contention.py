@@ -39,7 +39,8 @@ MIN_WINDOW_S = 1.0  # a shorter window is too few clock ticks (10 ms each) to te
 CONTENDED = 0.15  # other work's share of the cores from which a machine counts as busy
 # how far (largest / smallest reading - 1) the gauge of one attempt may spread and still be one machine: on the quiet
 # 2-core VM, llama-server's one-request decode step read every 16 s took 8.7-12.1 ms over two minutes (each reading a
-# median of three requests that agreed within 10%); the speed change that failed a replay was 2x
+# median of three requests); over six probes each with its replay, the readings before the probe, between and after
+# the replay spread by 8-30% and the replays' median ITL missed by -22% to +18%; the change that failed one was 2x
 DRIFT = 0.3
 MAX_ATTEMPTS = 4  # attempts at most, failures on a machine that changed speed included
 
