@@ -8,6 +8,7 @@ traceback instead. Ctrl-C stops any command with one line and status 130 (``expe
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     with interrupts.watch():  # before the subcommands' imports, which take a second or two
         try:
             args = build_parser(argv).parse_args(argv)
-            return _run(args)
+            code = _run(args)
+            gc.freeze()
+            return code
         except KeyboardInterrupt:
             command = getattr(locals().get("args"), "command", None)
             print(f"ferry{' ' + command if command else ''}: interrupted", file=sys.stderr)

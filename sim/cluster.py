@@ -27,7 +27,7 @@ import simpy
 
 from sim.cluster_replicas import CompiledReplicaRunner, ReferenceReplica, ReplicaSetup
 from sim.compiled.cluster import CompiledCluster
-from sim.compiled.engine import DONE, SEGMENT_ITERATIONS
+from sim.compiled.engine import DONE, SEGMENT_ITERATIONS, loop_on_disk
 from sim.compiled.state import pack, unpack
 from sim.engine import choose_engine, default_stream
 from sim.prefix_cache import PrefixCachingKV
@@ -213,7 +213,8 @@ def simulate_cluster(
     )
     if engine == "compiled" and not compiled_ok:
         raise ValueError("the compiled engine needs built-in policies and the roofline cost model on every replica")
-    chosen, why = choose_engine(engine, compiled_ok, requests)
+    chosen, why = choose_engine(engine, compiled_ok, requests, lambda: all(
+        loop_on_disk(s.policy.compiled()[0], s.timer.compiled()[0]) for s in setups))  # fmt: skip
     use_compiled = chosen == "compiled"
     exact = exact_itl if exact_itl is not None else max_gaps(requests) <= EXACT_GAPS_LIMIT
     n = len(requests)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import simpy
 
 from costmodel.shape import IterationShape
-from sim.compiled.engine import simulate_compiled
+from sim.compiled.engine import loop_on_disk, simulate_compiled
 from sim.kvcache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
 from sim.records import RunRecords
@@ -134,7 +134,7 @@ def simulate(
     ``engine``: ``reference`` runs the policy object on this module's SimPy loop; ``compiled`` runs its numba twin
     (``policy.compiled()``) on ``sim.compiled.engine``'s loop with the cost model's compiled timer
     (``timer.compiled()``), to the same records; ``auto`` takes the compiled engine when both offer it and the job is
-    large enough to repay loading it (``choose_engine``). ``exact_itl``
+    large enough to repay loading or compiling it (``choose_engine``). ``exact_itl``
     keeps every token gap (default: unless the run could make more than ``sim.records.EXACT_GAPS_LIMIT``).
     ``on_progress(now, unfinished)`` is called now and then with the simulated clock and the requests not yet ended.
     ``stream``: whether clients receive tokens as they are made (None: the policy's default, ``default_stream``).
@@ -150,7 +150,10 @@ def simulate(
     timing = getattr(timer, "compiled", None)
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
-    chosen, why = choose_engine(engine, kernel is not None and timing is not None, requests)
+    compiled_ok = kernel is not None and timing is not None
+    chosen, why = choose_engine(
+        engine, compiled_ok, requests, lambda: loop_on_disk(kernel()[0], timing()[0])  # type: ignore[misc]
+    )
     if chosen == "compiled":
         assert kernel is not None and timing is not None
         records = simulate_compiled(
@@ -168,16 +171,23 @@ def simulate(
     return describe_run(records, policy, stream)
 
 
-# Below this many output tokens, ``auto`` runs the reference engine: its Python loop costs ~10 us a token more than
-# the compiled one, while the compiled loop costs ~0.1 s to load from numba's disk cache, and ~25 s to compile the first
-# time after install (the reference engine compiles only the KV cache's and the cost model's kernels). Both give the
-# same records; the choice changes only how long the user waits.
+# ``auto`` runs the compiled engine when it saves the user time. Both engines load the KV cache's kernels from numba's
+# disk cache (most of a second at a process's start, whichever runs); the compiled loop of a (policy, timer) pair then
+# loads in ~0.06 s, while the reference engine's Python loop costs ~25 us per output token more (this 2-core machine,
+# chunked, 20 requests of 1024/256 tokens: 0.14 s against 0.002 s). So, with the loop on disk, the compiled engine
+# from ``AUTO_LOADED_MIN_TOKENS``; before its first compilation on this machine (~10-25 s once, after install or an
+# edit of ferry's source) only for jobs from ``AUTO_COMPILED_MIN_TOKENS``, where the loop soon repays it. Both give
+# the same records; the choice changes only how long the user waits.
+AUTO_LOADED_MIN_TOKENS = 2_000
 AUTO_COMPILED_MIN_TOKENS = 10_000
 
 
-def choose_engine(engine: str, compiled_ok: bool, requests: RequestTable) -> tuple[str, str]:
+def choose_engine(
+    engine: str, compiled_ok: bool, requests: RequestTable, on_disk: Callable[[], bool] = lambda: False
+) -> tuple[str, str]:
     """(the engine to run, why: what the summary's header says) for ``engine`` (auto, compiled or reference) when
-    the policy and cost model offer a compiled twin (``compiled_ok``) and the job is ``requests``."""
+    the policy and cost model offer a compiled twin (``compiled_ok``) and the job is ``requests``; ``on_disk()``:
+    whether the compiled loops the job needs are in numba's disk cache (``sim.compiled.engine.loop_on_disk``)."""
     if engine == "reference":
         return "reference", "asked"
     if engine == "compiled":
@@ -185,6 +195,11 @@ def choose_engine(engine: str, compiled_ok: bool, requests: RequestTable) -> tup
     if not compiled_ok:
         return "reference", "auto: this policy or cost model has no compiled twin"
     tokens = int(requests.output_wanted.sum())
-    if tokens < AUTO_COMPILED_MIN_TOKENS:
-        return "reference", f"auto: {tokens:,} output tokens, under {AUTO_COMPILED_MIN_TOKENS:,}"
-    return "compiled", f"auto: {tokens:,} output tokens"
+    if tokens < AUTO_LOADED_MIN_TOKENS:
+        return "reference", f"auto: {tokens:,} output tokens, under {AUTO_LOADED_MIN_TOKENS:,}"
+    if tokens >= AUTO_COMPILED_MIN_TOKENS:
+        return "compiled", f"auto: {tokens:,} output tokens"
+    if on_disk():
+        return "compiled", f"auto: {tokens:,} output tokens, the compiled loop on disk"
+    later = f"the compiled loop not built yet (from {AUTO_COMPILED_MIN_TOKENS:,})"
+    return "reference", f"auto: {tokens:,} output tokens, {later}"

@@ -13,11 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel import formulas
 from experiments.commands.summary_table import format_summary
 from experiments.runner import columnar
 from experiments.runner.config import RunConfig
 from experiments.runner.simulation import run_simulation, write_outputs
-from sim.engine import AUTO_COMPILED_MIN_TOKENS, choose_engine
+from policies import compiled as kernels
+from sim.compiled.engine import loop_on_disk
+from sim.engine import AUTO_COMPILED_MIN_TOKENS, AUTO_LOADED_MIN_TOKENS, choose_engine
+from sim.kernels.jit import kernel
 from sim.metrics import request_frame
 from sim.records import SPEC_COLUMNS
 from sim.request import RequestTable
@@ -127,25 +131,54 @@ def _table(tokens: int) -> RequestTable:
     return RequestTable(np.zeros(2), np.array([8, 8]), np.array([tokens - tokens // 2, tokens // 2]))
 
 
-def test_auto_takes_the_reference_engine_for_a_small_job_and_says_so() -> None:
-    small, large = AUTO_COMPILED_MIN_TOKENS - 1, AUTO_COMPILED_MIN_TOKENS
-    assert choose_engine("auto", True, _table(small)) == (
-        "reference", f"auto: {small:,} output tokens, under {AUTO_COMPILED_MIN_TOKENS:,}")  # fmt: skip
-    assert choose_engine("auto", True, _table(large)) == ("compiled", f"auto: {large:,} output tokens")
-    assert choose_engine("auto", False, _table(large))[0] == "reference"
-    assert choose_engine("compiled", True, _table(1)) == ("compiled", "asked")
-    assert choose_engine("reference", True, _table(large)) == ("reference", "asked")
+def test_auto_takes_the_compiled_engine_where_it_saves_time_and_says_why() -> None:
+    tiny, small, large = AUTO_LOADED_MIN_TOKENS - 1, AUTO_LOADED_MIN_TOKENS, AUTO_COMPILED_MIN_TOKENS
+    on, off = (lambda: True), (lambda: False)
+    # below the cost of loading the loop: the reference engine, whether the loop is on disk or not
+    assert choose_engine("auto", True, _table(tiny), on) == (
+        "reference", f"auto: {tiny:,} output tokens, under {AUTO_LOADED_MIN_TOKENS:,}")  # fmt: skip
+    # a small job: the compiled engine only where the loop loads from disk (compiling it would cost more)
+    assert choose_engine("auto", True, _table(small), on) == (
+        "compiled", f"auto: {small:,} output tokens, the compiled loop on disk")  # fmt: skip
+    assert choose_engine("auto", True, _table(small), off) == ("reference", f"auto: {small:,} output tokens, the "
+        f"compiled loop not built yet (from {AUTO_COMPILED_MIN_TOKENS:,})")  # fmt: skip
+    # a large one: the compiled engine, loaded or compiled (the cache is not even asked)
+    assert choose_engine("auto", True, _table(large), _never) == ("compiled", f"auto: {large:,} output tokens")
+    assert choose_engine("auto", False, _table(large), on)[0] == "reference"  # no compiled twin
+    assert choose_engine("compiled", True, _table(1), off) == ("compiled", "asked")
+    assert choose_engine("reference", True, _table(large), on) == ("reference", "asked")
 
 
-def test_both_choices_give_the_same_records_and_the_header_names_the_choice() -> None:
-    n = math.ceil(AUTO_COMPILED_MIN_TOKENS / 16)
+def _never() -> bool:
+    raise AssertionError("asked whether the loop is on disk")
+
+
+def test_a_compiled_run_leaves_its_loop_on_disk_and_a_user_kernel_is_never_there() -> None:
+    run_simulation(RunConfig.model_validate(SMALL | {"num_prompts": 4, "engine": "compiled"}))
+    assert loop_on_disk(kernels.schedule_chunked, formulas.iteration_time)  # the pair that run loaded or compiled
+
+    @kernel
+    def mine(ri, rf, wk, sc, kv, ss, params, now):  # type: ignore[no-untyped-def]  # a user's kernel: never cached
+        return kernels.schedule_chunked(ri, rf, wk, sc, kv, ss, params, now)
+
+    assert not loop_on_disk(mine, formulas.iteration_time)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["loop on disk", "loop not built"])
+def test_both_choices_give_the_same_records_and_the_header_names_the_choice(
+    cached: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sim.engine.loop_on_disk", lambda *pair: cached)
     config = SMALL | {"output_len": "16", "request_rate": 200.0}
-    small = run_simulation(RunConfig.model_validate(config | {"num_prompts": n - 1}))
-    large = run_simulation(RunConfig.model_validate(config | {"num_prompts": n}))
-    assert (small.summary["engine"], large.summary["engine"]) == ("reference", "compiled")
-    assert "reference (auto: " in format_summary(small.summary)
-    assert "compiled (auto: " in format_summary(large.summary)
-    other = run_simulation(RunConfig.model_validate(config | {"num_prompts": n - 1, "engine": "compiled"}))
-    assert other.summary["engine_choice"] == "asked"
-    same = {k: v for k, v in small.summary.items() if k not in ("engine", "engine_choice", "config")}
-    assert same == {k: v for k, v in other.summary.items() if k not in ("engine", "engine_choice", "config")}
+    tiny = math.ceil(AUTO_LOADED_MIN_TOKENS / 16) - 1
+    small, large = math.ceil(AUTO_LOADED_MIN_TOKENS / 16), math.ceil(AUTO_COMPILED_MIN_TOKENS / 16)
+    chosen = {n: run_simulation(RunConfig.model_validate(config | {"num_prompts": n})) for n in (tiny, small, large)}
+    assert [chosen[n].summary["engine"] for n in (tiny, small, large)] == [
+        "reference", "compiled" if cached else "reference", "compiled"]  # fmt: skip
+    for n, result in chosen.items():
+        assert f"{result.summary['engine']} (auto: " in format_summary(result.summary)
+        other = "reference" if result.summary["engine"] == "compiled" else "compiled"
+        again = run_simulation(RunConfig.model_validate(config | {"num_prompts": n, "engine": other}))
+        assert again.summary["engine_choice"] == "asked"
+        same = {k: v for k, v in result.summary.items() if k not in ("engine", "engine_choice", "config")}
+        assert same == {k: v for k, v in again.summary.items() if k not in ("engine", "engine_choice", "config")}
