@@ -35,11 +35,12 @@ from its start to its exit, with its peak RSS (the child's own, from ``os.wait4`
   (``FERRY_CACHE_DIR``) pointed at empty folders for that one run (Python's ``.pyc`` files left as they are);
 - warm: the median (and min-max) of ``--repeats`` runs after one untimed run, with the usual caches;
 - inner sim: the simulation call alone, in a fresh process after a 200-request warm-up, as the cases above.
-Jobs by requests: 20 (``20 requests``: the CLI's default lengths, all at once), 1000 (``make run default``: 8
-requests/s, 1024 prompt and 256 output tokens), 1000000 (``1M requests``: 40 requests/s, 512 and 128 tokens, 256
-sequences and 2048 tokens an iteration); another number is the 20-request job at that size. All chunked, llama-3-8b
-on h100-sxm. The reference engine runs only jobs of at most ``--reference-max-requests`` (10,000). ``--pythonpath DIR``
-times another checkout (a baseline worktree): ``python -c '...experiments.cli.main()'`` with ``PYTHONPATH=DIR``.
+Jobs by requests: 20 (``20 requests at 8/s``: 1024 prompt and 256 output tokens, a first try of ``ferry run``),
+1000 (``make run default``: the same at 1,000 requests), 1000000 (``1M requests``: 40 requests/s, 512 and 128
+tokens, 256 sequences and 2048 tokens an iteration); another number is that many requests of the CLI's defaults. All
+chunked, llama-3-8b on h100-sxm. The reference engine runs only jobs of at most ``--reference-max-requests``
+(10,000). ``--pythonpath DIR`` times another checkout (a baseline worktree): ``python -c '...experiments.cli.main()'``
+with ``PYTHONPATH=DIR``.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def run_case(
 CLI_STUB = "import sys; sys.argv[0]='ferry'; from experiments.cli import main; sys.exit(main())"
 JOB_BASE: dict[str, Any] = {"model": "llama-3-8b", "hardware": HARDWARE, "policy": "chunked"}
 JOBS: dict[int, tuple[str, dict[str, Any]]] = {  # requests: (name, run config fields beyond JOB_BASE)
-    20: ("20 requests", {}),
+    20: ("20 requests at 8/s", {"request_rate": 8, "input_len": 1024, "output_len": 256}),
     1000: ("make run default", {"request_rate": 8, "input_len": 1024, "output_len": 256}),
     1_000_000: ("1M requests", {"input_len": 512, "output_len": 128, "max_num_seqs": 256,
                                 "max_num_batched_tokens": 2048, "request_rate": 40}),
