@@ -17,8 +17,9 @@ compiled ones give the same records to the last bit; a one-replica cluster gives
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -184,6 +185,11 @@ def merge_itl(logs: list[ItlLog]) -> ItlLog:
 ENGINES = ("auto", "compiled", "reference")
 
 
+def loops_on_disk(setups: Sequence[ReplicaSetup]) -> bool:
+    """Whether numba's disk cache holds the compiled loop of every replica's (policy, timer) pair."""
+    return all(loop_on_disk(s.policy.compiled()[0], s.timer.compiled()[0]) for s in setups)  # type: ignore[attr-defined]
+
+
 def simulate_cluster(
     requests: RequestTable,
     setups: list[ReplicaSetup],
@@ -213,8 +219,7 @@ def simulate_cluster(
     )
     if engine == "compiled" and not compiled_ok:
         raise ValueError("the compiled engine needs built-in policies and the roofline cost model on every replica")
-    chosen, why = choose_engine(engine, compiled_ok, requests, lambda: all(
-        loop_on_disk(s.policy.compiled()[0], s.timer.compiled()[0]) for s in setups))  # fmt: skip
+    chosen, why = choose_engine(engine, compiled_ok, requests, partial(loops_on_disk, setups))
     use_compiled = chosen == "compiled"
     exact = exact_itl if exact_itl is not None else max_gaps(requests) <= EXACT_GAPS_LIMIT
     n = len(requests)

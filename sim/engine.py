@@ -151,9 +151,7 @@ def simulate(
     if engine == "compiled" and (kernel is None or timing is None):
         raise ValueError(f"the compiled engine needs a built-in policy and the roofline cost model ({policy}, {timer})")
     compiled_ok = kernel is not None and timing is not None
-    chosen, why = choose_engine(
-        engine, compiled_ok, requests, lambda: loop_on_disk(kernel()[0], timing()[0])  # type: ignore[misc]
-    )
+    chosen, why = choose_engine(engine, compiled_ok, requests, lambda: loop_on_disk(kernel()[0], timing()[0]))  # type: ignore[misc]
     if chosen == "compiled":
         assert kernel is not None and timing is not None
         records = simulate_compiled(

@@ -38,3 +38,23 @@ def test_a_failing_child_raises_with_its_stderr() -> None:
     with pytest.raises(RuntimeError, match="unrecognized arguments: --no-such-flag") as failed:
         bench.timed_run([*bench.ferry_prefix(), "run", "--no-such-flag"])
     assert isinstance(failed.value, bench.ChildFailed) and failed.value.returncode != 0
+
+
+def test_several_checkouts_take_turns_run_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[tuple[str, bool]] = []  # (checkout, cold) of each child, in the order they ran
+
+    def fake_run(cmd: list[str], env: dict[str, str] | None = None, cwd: object = None) -> tuple[float, float]:
+        assert env is not None
+        cold = "ferry-bench-" in env.get("NUMBA_CACHE_DIR", "")  # numba's cache in an empty folder of the bench's
+        taken.append((env["PYTHONPATH"].split(":")[0], cold))
+        return float(len(taken)), 100.0 + len(taken)
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(bench, "timed_run", fake_run)
+    rows = bench.whole_processes(bench.job_of(5), "auto", 2, True, False, None, ["/before", "/after"])
+    assert taken == [("/before", True), ("/after", True), ("/before", False), ("/after", False),
+                     ("/before", False), ("/after", False), ("/before", False), ("/after", False)]  # fmt: skip
+    assert [r["pythonpath"] for r in rows] == ["/before", "/after"]
+    assert [r["cold_s"] for r in rows] == [1.0, 2.0]
+    assert [r["warm_runs_s"] for r in rows] == [[5.0, 7.0], [6.0, 8.0]]  # the warm-ups (3, 4) not counted
+    assert bench.show_whole(rows[1], checkout=True).endswith("| /after |")

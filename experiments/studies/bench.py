@@ -30,6 +30,7 @@ from its start to its exit, with its peak RSS (the child's own, from ``os.wait4`
     python -m experiments.studies.bench --whole-process                      # 20, 1000 and 1M requests, both engines
     python -m experiments.studies.bench --whole-process 20,1000 --engines compiled,reference --repeats 5
     python -m experiments.studies.bench --whole-process 20,1000 --pythonpath /tmp/before --json before.json
+    python -m experiments.studies.bench --whole-process 20,1000 --pythonpath /tmp/before . --repeats 5
 
 - cold: the first run after an install, numba's cache (``NUMBA_CACHE_DIR``) and ferry's kernel tables
   (``FERRY_CACHE_DIR``) pointed at empty folders for that one run (Python's ``.pyc`` files left as they are);
@@ -40,7 +41,9 @@ Jobs by requests: 20 (``20 requests at 8/s``: 1024 prompt and 256 output tokens,
 tokens, 256 sequences and 2048 tokens an iteration); another number is that many requests of the CLI's defaults. All
 chunked, llama-3-8b on h100-sxm. The reference engine runs only jobs of at most ``--reference-max-requests``
 (10,000). ``--pythonpath DIR`` times another checkout (a baseline worktree): ``python -c '...experiments.cli.main()'``
-with ``PYTHONPATH=DIR``.
+with ``PYTHONPATH=DIR``; given several, each case's warm runs take turns between them (the first of each, then the
+second of each, ...), so that the machine's own drift falls on all alike: compare checkouts that way, not by tables
+taken minutes apart.
 """
 
 from __future__ import annotations
@@ -275,69 +278,94 @@ def whole_process(
     """``ferry run`` of ``job`` on ``engine`` as child processes, each writing into a fresh ``--out`` folder: the cold
     run's wall s and peak RSS MB (None without ``cold``), the median, min and max wall s of ``repeats`` warm runs
     after an untimed one and their highest peak RSS MB, and (``inner``) the simulation call's wall s alone."""
-    prefix = ferry_prefix(ferry_cmd, pythonpath)
+    return whole_processes(job, engine, repeats, cold, inner, ferry_cmd, [pythonpath])[0]
+
+
+def whole_processes(
+    job: Job, engine: str, repeats: int, cold: bool, inner: bool, ferry_cmd: str | None,
+    pythonpaths: list[str | None],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``whole_process`` of each checkout in ``pythonpaths`` (one row each), their runs taken in turn: each one's cold
+    run, each one's warm-up, then the first warm run of each, the second of each, and so on, so that a change of
+    the machine's own speed during the case (a shared VM's moves by 15-30% within minutes) falls on every checkout
+    alike instead of on whichever ran last."""
+    prefixes = [ferry_prefix(ferry_cmd, path) for path in pythonpaths]
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
 
-        def once(caches: Path | None = None) -> tuple[float, float]:
+        def once(side: int, caches: Path | None = None) -> tuple[float, float]:
             out = tempfile.mkdtemp(dir=tmp)
             try:  # in tmp: `python -c` puts the working folder first on sys.path, before PYTHONPATH
-                return timed_run([*prefix, "run", *job.flags(), "--engine", engine, "--out", out],
-                                 child_env(pythonpath, caches), cwd=tmp)  # fmt: skip
+                return timed_run([*prefixes[side], "run", *job.flags(), "--engine", engine, "--out", out],
+                                 child_env(pythonpaths[side], caches), cwd=tmp)  # fmt: skip
             finally:
                 shutil.rmtree(out, ignore_errors=True)
 
-        first = once(Path(tempfile.mkdtemp(dir=tmp))) if cold else None
-        once()  # warm-up: fills the usual caches
-        warm = [once() for _ in range(repeats)]
-    walls = [w for w, _ in warm]
-    sim = run_case(job.fields["policy"], job.requests, engine, "-", None, 0, fields=job.fields,
-                   pythonpath=pythonpath) if inner else None  # fmt: skip
-    return {
-        "job": job.name,
-        "engine": engine,
-        "requests": job.requests,
-        "cold_s": first[0] if first else None,
-        "cold_rss_mb": first[1] if first else None,
-        "warm_s": statistics.median(walls),
-        "warm_min_s": min(walls),
-        "warm_max_s": max(walls),
-        "warm_runs_s": walls,
-        "peak_rss_mb": max(r for _, r in warm),
-        "inner_sim_s": sim["wall_s"] if sim else None,
-        "inner_iterations": sim["iterations"] if sim else None,
-        "command": shlex.join([*prefix, "run", *job.flags(), "--engine", engine, "--out", "TMP"]),
-        "pythonpath": pythonpath,
-    }
+        sides = range(len(pythonpaths))
+        first = [once(i, Path(tempfile.mkdtemp(dir=tmp))) if cold else None for i in sides]
+        for i in sides:
+            once(i)  # warm-up: fills the usual caches
+        warm: list[list[tuple[float, float]]] = [[] for _ in sides]
+        for _ in range(repeats):
+            for i in sides:
+                warm[i].append(once(i))
+    rows = []
+    for i, path in enumerate(pythonpaths):
+        walls = [w for w, _ in warm[i]]
+        sim = run_case(job.fields["policy"], job.requests, engine, "-", None, 0, fields=job.fields,
+                       pythonpath=path) if inner else None  # fmt: skip
+        cold_run = first[i]
+        rows.append({
+            "job": job.name,
+            "engine": engine,
+            "requests": job.requests,
+            "cold_s": cold_run[0] if cold_run else None,
+            "cold_rss_mb": cold_run[1] if cold_run else None,
+            "warm_s": statistics.median(walls),
+            "warm_min_s": min(walls),
+            "warm_max_s": max(walls),
+            "warm_runs_s": walls,
+            "peak_rss_mb": max(r for _, r in warm[i]),
+            "inner_sim_s": sim["wall_s"] if sim else None,
+            "inner_iterations": sim["iterations"] if sim else None,
+            "command": shlex.join([*prefixes[i], "run", *job.flags(), "--engine", engine, "--out", "TMP"]),
+            "pythonpath": path,
+        })  # fmt: skip
+    return rows
 
 
 WHOLE_HEADER = ("| job | engine | cold s | warm s (median) | min-max | peak RSS MB | inner sim s |\n"
                 "|---|---|---:|---:|---:|---:|---:|")  # fmt: skip
+WHOLE_HEADER_CHECKOUTS = WHOLE_HEADER.replace(" |\n", " | checkout |\n") + "---|"  # (several --pythonpath)
 
 
-def show_whole(row: dict[str, Any]) -> str:
-    """One markdown row of ``whole_process``'s result."""
+def show_whole(row: dict[str, Any], checkout: bool = False) -> str:
+    """One markdown row of ``whole_process``'s result (``checkout``: with its ``PYTHONPATH`` in a last column)."""
     cold = "-" if row["cold_s"] is None else f"{row['cold_s']:.2f}"
     inner = "-" if row["inner_sim_s"] is None else f"{row['inner_sim_s']:.4f}"
+    last = f" {row['pythonpath'] or '-'} |" if checkout else ""
     return (f"| {row['job']} | {row['engine']} | {cold} | {row['warm_s']:.2f} | "
-            f"{row['warm_min_s']:.2f}-{row['warm_max_s']:.2f} | {row['peak_rss_mb']:,.0f} | {inner} |")  # fmt: skip
+            f"{row['warm_min_s']:.2f}-{row['warm_max_s']:.2f} | {row['peak_rss_mb']:,.0f} | {inner} |"
+            f"{last}")  # fmt: skip
 
 
 def whole_process_main(args: argparse.Namespace, engines: list[str]) -> int:
     """The whole-process table of ``args.whole_process``'s jobs (and ``--json``)."""
+    paths = args.pythonpath or [None]
+    several = len(paths) > 1
     if args.pythonpath:
-        print(f"PYTHONPATH={args.pythonpath}")
+        print(f"PYTHONPATH={' '.join(paths)}" + (": warm runs taken in turn" if several else ""))
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("note: PYTHONDONTWRITEBYTECODE is set: children without .pyc files compile their Python every run")
-    print(WHOLE_HEADER, flush=True)
+    print(WHOLE_HEADER if not several else WHOLE_HEADER_CHECKOUTS, flush=True)
     rows = []
     for size in args.whole_process:
         job = job_of(size)
         for engine in engines:
             if engine == "reference" and job.requests > args.reference_max_requests:
                 continue
-            row = whole_process(job, engine, args.repeats, args.cold, args.inner, args.ferry_cmd, args.pythonpath)
-            rows.append(row)
-            print(show_whole(row), flush=True)
+            for row in whole_processes(job, engine, args.repeats, args.cold, args.inner, args.ferry_cmd, paths):
+                rows.append(row)
+                print(show_whole(row, several), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
@@ -425,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--ferry-cmd", default=None,
                    help="command that starts ferry, split as a shell would (default: the ferry beside this "
                         "Python; with --pythonpath: that checkout's CLI through this Python)")  # fmt: skip
-    g.add_argument("--pythonpath", default=None, metavar="DIR",
-                   help="time the checkout in DIR: its CLI through this Python with PYTHONPATH=DIR")  # fmt: skip
+    g.add_argument("--pythonpath", nargs="+", default=None, metavar="DIR",
+                   help="time the checkout in DIR: its CLI through this Python with PYTHONPATH=DIR; several: "
+                        "each case's warm runs taken in turn (before and after on the same machine)")  # fmt: skip
     p.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # POLICY SIZE ENGINE WORKLOAD FEATURE: one case, as JSON
     p.add_argument("--fields", type=json.loads, default=None, help=argparse.SUPPRESS)  # with --one: a job's fields
     args = p.parse_args(argv)
