@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: bytecode setup setup-test chromium vllm-venv llamacpp conformance run teach explore data docs test lint clean
+.PHONY: bytecode warm setup setup-test chromium vllm-venv llamacpp conformance run teach explore data docs test lint clean
 
 # what `ferry run` needs, nothing more (no PyTorch: only `ferry calibrate` and `ferry validate` run real kernels), with
 # NVIDIA's measured kernel tables (aiconfigurator-core, the measured extra) that the default profiles time kernels from
@@ -14,7 +14,17 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[measured]'
 	@$(MAKE) --no-print-directory bytecode
+	@$(MAKE) --no-print-directory warm
 	touch $@
+
+# numba compiles ferry's kernels and a policy's compiled loop on their first use, into ~/.cache/ferry/numba/ (a folder
+# per version of the source): 30-70 s on 2 cores. Done once here for the default policy (chunked) and `make run`'s
+# device, so that the first `make run` takes seconds; a run of another policy, or after an edit of the source,
+# compiles what it needs on its first use (its Engine: line says so).
+warm:
+	@echo "compiling ferry's numba kernels (once per install, 30-70 s on 2 cores)"
+	@out=$$(mktemp -d) && $(BIN)/ferry run --model llama-3-8b --hardware h100-sxm --policy chunked --num-prompts 2 \
+	  --engine compiled --out $$out >/dev/null; status=$$?; rm -rf $$out; exit $$status
 
 # ferry's own modules compiled to bytecode beside them (pip compiles the packages it installs, not an editable
 # project's sources; where PYTHONDONTWRITEBYTECODE is set, Python would compile them again in every process, a

@@ -195,9 +195,10 @@ def choose_engine(
     tokens = int(requests.output_wanted.sum())
     if tokens < AUTO_LOADED_MIN_TOKENS:
         return "reference", f"auto: {tokens:,} output tokens, under {AUTO_LOADED_MIN_TOKENS:,}"
+    loaded = on_disk()
     if tokens >= AUTO_COMPILED_MIN_TOKENS:
-        return "compiled", f"auto: {tokens:,} output tokens"
-    if on_disk():
+        return "compiled", f"auto: {tokens:,} output tokens" + ("" if loaded else ", its loop compiled now (once)")
+    if loaded:
         return "compiled", f"auto: {tokens:,} output tokens, the compiled loop on disk"
     later = f"the compiled loop not built yet (from {AUTO_COMPILED_MIN_TOKENS:,})"
     return "reference", f"auto: {tokens:,} output tokens, {later}"
