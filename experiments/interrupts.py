@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -45,6 +45,36 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     global _seen
     _seen = True
     raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred() -> Iterator[Callable[[], bool]]:
+    """Within the block SIGINT is recorded, not raised, and the block raises ``KeyboardInterrupt`` where it chooses;
+    yields a function that says whether one arrived. For code that an exception at an arbitrary bytecode would leave
+    broken: ``concurrent.futures.wait`` takes its futures' locks one by one in a Python loop (CPython 3.11-3.13,
+    ``_base._AcquireFutures``), and an interrupt raised in that loop leaves some of them held by this thread; the
+    executor's manager thread then waits for them forever, and the interpreter's exit waits for that thread. A
+    SIGINT that was being ignored stays ignored; outside the main thread signals are left alone."""
+    arrived = False
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal arrived
+        global _seen
+        arrived = _seen = True
+
+    previous: Any = None
+    installed = False
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            previous = signal.signal(signal.SIGINT, on_sigint)
+            installed = True
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield lambda: arrived
+    finally:
+        if installed:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextmanager

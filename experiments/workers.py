@@ -5,7 +5,9 @@ A terminal sends SIGINT to the whole process group. Left alone, every worker wou
 ``KeyboardInterrupt`` inside its job, ``concurrent.futures`` would hand that back as the job's result and give the
 worker the next queued job, and the pool's shutdown would wait for the whole queue. Here workers ignore SIGINT and
 the parent decides: on Ctrl-C (or any error of its own) it cancels what is queued, terminates the workers (the jobs
-in flight are lost), hands every job that had already finished to the caller, and re-raises.
+in flight are lost), hands every job that had already finished to the caller, and re-raises. The parent takes the
+Ctrl-C between jobs (within ``POLL_S``), not wherever the signal lands: raised inside ``concurrent.futures.wait``, it
+would leave futures' locks held, and the exit would wait for the executor's thread forever.
 
 A worker pays its start-up once, however many jobs it runs: the pool is kept for every round of jobs a command has
 (``Pool``), and ``warm`` (for a simulating pool, ``warm_engine``) runs in each worker as it starts, so that no job's
@@ -19,10 +21,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
 
+from experiments import interrupts
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 STOP_WAIT_S = 1.0  # how long a terminated worker is waited for before it is killed (seconds)
+POLL_S = 0.05  # how often a wait for the next finished job looks for a Ctrl-C (seconds)
 
 
 def _start_worker(warm: Callable[[], None] | None) -> None:
@@ -80,21 +85,25 @@ class Pool:
                 futures.add(future)
             return futures
 
-        try:
-            running = submit(items)
-            while running:
-                done, running = wait(running, return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=index.__getitem__):
-                    more = on_result(index[future], future.result())
-                    handed.add(future)
-                    running |= submit(more or ())
-        except BaseException:
-            stop(self.executor)
-            for future, k in index.items():
-                if future not in handed and future.done() and not future.cancelled() and future.exception() is None:
-                    on_result(k, future.result())
-                    handed.add(future)
-            raise
+        # Ctrl-C is taken between jobs, never inside the executor's code (``interrupts.deferred`` says why)
+        with interrupts.deferred() as interrupted:
+            try:
+                running = submit(items)
+                while running:
+                    if interrupted():
+                        raise KeyboardInterrupt
+                    done, running = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                    for future in sorted(done, key=index.__getitem__):
+                        more = on_result(index[future], future.result())
+                        handed.add(future)
+                        running |= submit(more or ())
+            except BaseException:
+                stop(self.executor)
+                for future, k in index.items():
+                    if future not in handed and future.done() and not future.cancelled() and future.exception() is None:
+                        on_result(k, future.result())
+                        handed.add(future)
+                raise
 
     def ordered(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """``[fn(x) for x in items]`` on the workers, stopped at once by Ctrl-C (see ``for_each``)."""
