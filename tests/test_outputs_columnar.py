@@ -111,6 +111,8 @@ def test_any_column_is_written_as_to_csv_writes_it(rows: list[tuple[float, int, 
         "s": np.array([r[2] for r in rows], dtype=object),
         "b": np.array([r[3] for r in rows], dtype=bool),
     }
+    columns["f again"] = columns["f"].copy()  # formatted once (``columnar._same_as``)
+    columns["-f"] = -columns["f"]
     if all(v in ("", None) for v in columns["s"]) and len(rows) == 1:
         columns["s"][0] = "x"  # (a row of one empty field is quoted by the csv module; not a shape ferry writes)
     import tempfile
@@ -125,6 +127,21 @@ def test_many_rows_are_written_in_blocks(tmp_path: Path, monkeypatch: pytest.Mon
     columns = {"x": rng.random(50) * 10.0 ** rng.integers(-6, 12, 50), "k": np.arange(50)}
     assert _written(columns, tmp_path) == _pandas_csv(columns)
     assert _written({"x": np.zeros(0)}, tmp_path) == _pandas_csv({"x": np.zeros(0)})
+
+
+def test_a_float_column_equal_to_another_is_written_as_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer formats a float column that equals an earlier one, bit for bit, once (per block of rows): -0.0 and
+    0.0 are equal numbers but not the same text, NaN is never equal, and columns may agree in some blocks only."""
+    monkeypatch.setattr(columnar, "BLOCK_ROWS", 4)
+    a = np.array([0.1, -0.0, np.nan, 1e-5, 3.0, 1e16, 2.5, 0.0001, 7.0, 1 / 3])
+    b = a.copy()
+    b[1] = 0.0
+    c = a.copy()
+    c[6:] += 1.0
+    columns = {"a": a, "k": np.arange(10), "b": b, "same": a.copy(), "c": c, "again": a}
+    block = [a[:4], b[:4], a[:4].copy(), c[:4], c[6:]]
+    assert [columnar._same_as(block, k) for k in range(len(block))] == [0, 1, 0, 0, 4]
+    assert _written(columns, tmp_path) == _pandas_csv(columns)
 
 
 def _table(tokens: int) -> RequestTable:

@@ -38,15 +38,45 @@ def render(kinds: np.ndarray, data: np.ndarray, offsets: np.ndarray, out: np.nda
                 return -1
             if c > 0:
                 pos = _put(out, pos, _COMMA, measure)
-            if kind == FLOAT:
+            if kind == COPY or (kind == FLOAT and _as_repr(data, a, b)):
+                if not measure:
+                    for i in range(a, b):
+                        out[pos + i - a] = data[i]
+                pos += b - a
+            elif kind == FLOAT:
                 pos = _float(data, a, b, out, pos, measure)
-            elif kind == TEXT:
-                pos = _text(data, a, b, out, pos, measure)
             else:
-                for i in range(a, b):
-                    pos = _put(out, pos, data[i], measure)
+                pos = _text(data, a, b, out, pos, measure)
         pos = _put(out, pos, _NEWLINE, measure)
     return pos
+
+
+@kernel
+def _as_repr(data: np.ndarray, a: int, b: int) -> bool:
+    """Whether Arrow's text of a float is already ``repr``'s (most are: ``-12.5``, ``0.0123``): positional with a
+    point, no exponent, at most 16 digits before the point, and not below 0.0001 (which ``repr`` writes
+    ``1e-05``). Arrow's shortest digits have no trailing zero after the point, as ``repr``'s."""
+    i = a + 1 if a < b and data[a] == _MINUS else a
+    point = -1
+    for k in range(i, b):
+        c = data[k]
+        if c == _DOT:
+            point = k
+        elif c < _ZERO or c > _ZERO + 9:  # an exponent, nan, inf
+            return False
+    if point < 0 or point == i or point == b - 1 or point - i > 16:
+        return False
+    if data[i] != _ZERO:
+        return True
+    if point != i + 1:  # a leading zero before other digits (Arrow writes none)
+        return False
+    # 0.ddd: repr's positional form down to 0.0001 (three zeros after the point, then a digit)
+    zeros = 0
+    for k in range(point + 1, b):
+        if data[k] != _ZERO:
+            break
+        zeros += 1
+    return zeros < 4 and point + 1 + zeros < b
 
 
 @kernel
