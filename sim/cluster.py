@@ -27,8 +27,8 @@ import numpy.typing as npt
 import simpy
 
 from sim.cluster_replicas import CompiledReplicaRunner, ReferenceReplica, ReplicaSetup
-from sim.compiled.cluster import CompiledCluster
-from sim.compiled.engine import DONE, SEGMENT_ITERATIONS, loop_on_disk
+from sim.compiled.cluster import CompiledCluster, arrivals_runner
+from sim.compiled.engine import DONE, SEGMENT_ITERATIONS, loop_on_disk, on_disk
 from sim.compiled.state import pack, unpack
 from sim.engine import choose_engine, default_stream
 from sim.prefix_cache import PrefixCachingKV
@@ -134,11 +134,16 @@ def compiled_cluster_of(replicas: list[Any], router: Router, reads: tuple[str, .
     """The arrivals routed in compiled code, where the replicas run one policy kernel and one timer and the router
     has a kernel (``compiled``) and reads no prefix cache; None where the loop in Python must route them."""
     compiled = getattr(router, "compiled", None)
-    kernels = {(r.kernel[0], r.timing[0]) for r in replicas}
-    if compiled is None or "cached" in reads or len(kernels) != 1:
+    if compiled is None or not routes_compiled(router, reads, {(r.kernel[0], r.timing[0]) for r in replicas}):
         return None
     return CompiledCluster([r.replica for r in replicas], [r.kernel for r in replicas], [r.timing for r in replicas],
                            compiled(n), "work_left" in reads, blocks)  # fmt: skip
+
+
+def routes_compiled(router: Router, reads: tuple[str, ...], pairs: set[tuple[Any, Any]]) -> bool:
+    """Whether a compiled cluster routes its arrivals in compiled code (``arrivals_runner``): a router with a kernel
+    that reads no prefix cache, in front of replicas of one (policy kernel, timer) pair (``pairs``: theirs)."""
+    return getattr(router, "compiled", None) is not None and "cached" not in reads and len(pairs) == 1
 
 
 def _cached(setups: list[ReplicaSetup], req: int, prompt: int) -> IntArray:
@@ -185,9 +190,14 @@ def merge_itl(logs: list[ItlLog]) -> ItlLog:
 ENGINES = ("auto", "compiled", "reference")
 
 
-def loops_on_disk(setups: Sequence[ReplicaSetup]) -> bool:
-    """Whether numba's disk cache holds the compiled loop of every replica's (policy, timer) pair."""
-    return all(loop_on_disk(s.policy.compiled()[0], s.timer.compiled()[0]) for s in setups)  # type: ignore[attr-defined]
+def loops_on_disk(setups: Sequence[ReplicaSetup], router: Router) -> bool:
+    """Whether numba's disk cache holds every compiled loop the cluster would load: each replica's (policy, timer)
+    pair's, and the loop that routes the arrivals where ``router`` routes in compiled code (``routes_compiled``)."""
+    pairs = {(s.policy.compiled()[0], s.timer.compiled()[0]) for s in setups}  # type: ignore[attr-defined]
+    if not all(loop_on_disk(*pair) for pair in pairs):
+        return False
+    reads = tuple(getattr(router, "reads", LOADS))
+    return not routes_compiled(router, reads, pairs) or on_disk(arrivals_runner(*next(iter(pairs))))
 
 
 def simulate_cluster(
@@ -219,7 +229,7 @@ def simulate_cluster(
     )
     if engine == "compiled" and not compiled_ok:
         raise ValueError("the compiled engine needs built-in policies and the roofline cost model on every replica")
-    chosen, why = choose_engine(engine, compiled_ok, requests, partial(loops_on_disk, setups))
+    chosen, why = choose_engine(engine, compiled_ok, requests, partial(loops_on_disk, setups, router))
     use_compiled = chosen == "compiled"
     exact = exact_itl if exact_itl is not None else max_gaps(requests) <= EXACT_GAPS_LIMIT
     n = len(requests)

@@ -179,6 +179,20 @@ def test_a_compiled_run_leaves_its_loop_on_disk_and_a_user_kernel_is_never_there
     assert not loop_on_disk(mine, formulas.iteration_time)
 
 
+@pytest.mark.parametrize("router", ["least_requests", "round_robin", "prefix_affinity"])
+def test_a_clusters_auto_asks_for_the_loop_that_routes_too(router: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster whose router has a kernel routes in a compiled loop of its own, which auto asks about beside the
+    replicas' loops: absent, the job of 3,200 output tokens runs on the reference engine and says why."""
+    config = SMALL | {"output_len": "16", "request_rate": 200.0, "num_prompts": 200, "replicas": 2, "router": router}
+    monkeypatch.setattr("sim.cluster.loop_on_disk", lambda *pair: True)
+    monkeypatch.setattr("sim.cluster.on_disk", lambda runner: False)
+    choice = run_simulation(RunConfig.model_validate(config)).summary["engine_choice"]
+    routes_compiled = router == "least_requests"  # round_robin has no kernel, prefix_affinity reads the caches
+    assert ("not built yet" in choice) == routes_compiled, choice
+    monkeypatch.setattr("sim.cluster.on_disk", lambda runner: True)
+    assert "on disk" in run_simulation(RunConfig.model_validate(config)).summary["engine_choice"]
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["loop on disk", "loop not built"])
 def test_both_choices_give_the_same_records_and_the_header_names_the_choice(
     cached: bool, monkeypatch: pytest.MonkeyPatch

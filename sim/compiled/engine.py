@@ -219,9 +219,13 @@ def segment_runner(policy_kernel: Any, cost_timer: Any) -> Any:
 
 def loop_on_disk(policy_kernel: Any, cost_timer: Any) -> bool:
     """Whether numba's disk cache holds the loop of this pair, compiled before on this machine for this version of
-    ferry's source (``costmodel.numba_cache``): loading it then costs ~0.1 s, where compiling it costs ~10-25 s. Reads
-    the loop's cache index only (numba's ``IndexDataCacheFile``, 0.68); anything unexpected there reads as absent."""
-    runner = segment_runner(policy_kernel, cost_timer)
+    ferry's source (``costmodel.numba_cache``): loading it then costs ~0.06 s, where compiling it costs ~10-25 s."""
+    return on_disk(segment_runner(policy_kernel, cost_timer))
+
+
+def on_disk(runner: Any) -> bool:
+    """Whether numba's disk cache holds a compiled copy of ``runner`` (a dispatcher). Reads its cache index only
+    (numba's ``IndexDataCacheFile``, 0.68); anything unexpected there reads as absent."""
     try:
         return bool(runner._cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 (numba's internals moved, or an unreadable index: compile as if absent)
